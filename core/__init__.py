@@ -1,0 +1,68 @@
+"""tracerl: train the LLM agents you already have with reinforcement learning.
+
+``import tracerl`` stays light (no torch, transformers or vllm): the trainer and the
+inference servers are imported only when a ``LocalBackend`` is created.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .backend import Backend
+from .dataset import iterate_dataset
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    InferenceServerError,
+    JudgeError,
+    TooManyExceptionsError,
+    TracerlError,
+    TrajectoryError,
+)
+from .gather import gather_trajectories, gather_trajectory_groups
+from .model import Model, TrainableModel
+from .retry import retry
+from .types import Choice, DatasetBatch, ExceptionRecord, History, TrainResult, Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .local_backend import LocalBackend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "CheckpointError",
+    "Choice",
+    "ConfigError",
+    "DatasetBatch",
+    "ExceptionRecord",
+    "History",
+    "InferenceServerError",
+    "JudgeError",
+    "LocalBackend",
+    "Model",
+    "TooManyExceptionsError",
+    "TracerlError",
+    "TrainResult",
+    "TrainableModel",
+    "Trajectory",
+    "TrajectoryError",
+    "TrajectoryGroup",
+    "gather_trajectories",
+    "gather_trajectory_groups",
+    "iterate_dataset",
+    "retry",
+]
+
+_LAZY = {"LocalBackend": ".local_backend"}
+
+
+def __getattr__(name: str) -> Any:
+    """Import heavy parts on first use so ``import tracerl`` never pulls in torch."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tracerl' has no attribute {name!r}")

@@ -1,0 +1,36 @@
+"""One exception root for tracerl.
+
+Every error we raise derives from :class:`TracerlError`; where an error replaces a
+standard one it also inherits that, so ``except ValueError`` in user code keeps working.
+Foreign errors are translated at the boundary with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class TracerlError(Exception):
+    """Root of every error raised by tracerl."""
+
+
+class ConfigError(TracerlError, ValueError):
+    """A setting, name or argument is invalid (bad model name, unknown base model...)."""
+
+
+class TrajectoryError(TracerlError, ValueError):
+    """A trajectory cannot be used as given (malformed messages, missing token ids...)."""
+
+
+class CheckpointError(TracerlError, RuntimeError):
+    """A checkpoint or the run directory is missing or inconsistent."""
+
+
+class InferenceServerError(TracerlError, RuntimeError):
+    """The inference server failed to start, died, or answered with an error."""
+
+
+class JudgeError(TracerlError, RuntimeError):
+    """A judge (e.g. RULER) answered with something that cannot be turned into scores."""
+
+
+class TooManyExceptionsError(TracerlError, RuntimeError):
+    """More rollouts failed during a gather than ``max_exceptions`` allows."""

@@ -1,0 +1,225 @@
+"""``Model`` (any OpenAI-compatible endpoint) and ``TrainableModel`` (a LoRA we train).
+
+Rollout code only needs ``openai_client()`` / ``litellm_completion_params()`` and
+``get_inference_name()``; which backend trains and serves the model is chosen once,
+by ``await model.register(backend)``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from .errors import CheckpointError, ConfigError
+from .storage import RunDir, atomic_write_text, validate_name
+from .types import Trajectory, TrajectoryGroup, dumps_jsonl
+
+if TYPE_CHECKING:  # pragma: no cover
+    from openai import AsyncOpenAI
+
+    from .backend import Backend
+
+DEFAULT_BASE_PATH = ".tracerl"
+
+
+class Model:
+    """A model reachable through an OpenAI-compatible endpoint (hosted, local, or served by us)."""
+
+    trainable: bool = False
+
+    def __init__(
+        self,
+        name: str,
+        project: str,
+        *,
+        inference_base_url: str | None = None,
+        inference_api_key: str | None = None,
+        inference_model_name: str | None = None,
+        base_path: str | Path = DEFAULT_BASE_PATH,
+    ) -> None:
+        self.name = validate_name(name, "model name")
+        self.project = validate_name(project, "project name")
+        self.inference_base_url = inference_base_url
+        self.inference_api_key = inference_api_key
+        self.inference_model_name = inference_model_name
+        self.base_path = Path(base_path)
+        self.run_dir = RunDir(self.base_path, project, name)
+        self._backend: Backend | None = None
+        self._client: AsyncOpenAI | None = None
+        self._client_key: tuple[str | None, str | None] | None = None
+
+    # -- inference -----------------------------------------------------------------
+    def get_inference_name(self, step: int | None = None) -> str:
+        return self.inference_model_name or self.name
+
+    def openai_client(self) -> "AsyncOpenAI":
+        """A cached ``AsyncOpenAI`` pointed at this model's endpoint."""
+        if self.inference_base_url is None:
+            raise ConfigError(
+                f"model {self.name!r} has no inference endpoint yet: pass inference_base_url=... "
+                "or call `await model.register(backend)` first"
+            )
+        key = (self.inference_base_url, self.inference_api_key)
+        if self._client is None or self._client_key != key:
+            from openai import AsyncOpenAI
+
+            self._client = AsyncOpenAI(
+                base_url=self.inference_base_url, api_key=self.inference_api_key or "tracerl", max_retries=0, timeout=600
+            )
+            self._client_key = key
+        return self._client
+
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``litellm.completion`` that reach this model."""
+        params: dict[str, Any] = {"model": self.get_inference_name(step), "temperature": 1.0}
+        if self.inference_base_url:
+            params.update(
+                model=f"hosted_vllm/{self.get_inference_name(step)}",
+                base_url=self.inference_base_url,
+                api_key=self.inference_api_key or "tracerl",
+            )
+        return params
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def register(self, backend: "Backend") -> None:
+        """Attach a backend; a trainable model starts being served by it."""
+        self._backend = backend
+        await backend.register(self)
+
+    async def get_step(self) -> int:
+        if self._backend is not None:
+            return await self._backend.get_step(self)
+        latest = self.run_dir.latest_step()
+        return latest or 0
+
+    # -- logging -------------------------------------------------------------------
+    async def log(
+        self,
+        groups_or_trajectories: Iterable[TrajectoryGroup | Trajectory] | TrajectoryGroup | None = None,
+        *,
+        split: str = "val",
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
+    ) -> dict[str, float]:
+        """Average rewards and metrics, append one row to ``history.jsonl``, store the trajectories.
+
+        Returns the row that was written (metric names prefixed by ``split/``).
+        """
+        validate_name(split, "split")
+        groups = _as_groups(groups_or_trajectories)
+        if step is None:
+            step = await self.get_step()
+        row_metrics = aggregate_metrics(groups)
+        row_metrics.update(metrics or {})
+        row = {"step": step, "time": time.time(), **{f"{split}/{k}": v for k, v in row_metrics.items()}}
+        self.run_dir.append_history(row)
+        if groups:
+            rows = [
+                {"group": gi, **t.to_json_dict()} for gi, group in enumerate(groups) for t in group.trajectories
+            ]
+            atomic_write_text(self.run_dir.trajectories_path(split, step), dumps_jsonl(rows))
+        return row
+
+    def history(self) -> list[dict[str, Any]]:
+        return self.run_dir.read_history()
+
+
+class TrainableModel(Model):
+    """A LoRA on ``base_model`` that a backend trains and serves as ``name@step``."""
+
+    trainable = True
+
+    def __init__(
+        self,
+        name: str,
+        project: str,
+        base_model: str,
+        *,
+        base_path: str | Path = DEFAULT_BASE_PATH,
+        lora_config: dict[str, Any] | None = None,
+        inference_base_url: str | None = None,
+        inference_api_key: str | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            project,
+            inference_base_url=inference_base_url,
+            inference_api_key=inference_api_key,
+            base_path=base_path,
+        )
+        if not base_model:
+            raise ConfigError("base_model must name a model, e.g. 'smollm2-135m' or a local HF folder")
+        self.base_model = base_model
+        self.lora_config = dict(lora_config or {})
+        self._step_cache: int | None = None
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """``"name@step"``; the latest step when ``step`` is None."""
+        if step is None:
+            step = self._step_cache if self._step_cache is not None else (self.run_dir.latest_step() or 0)
+        return f"{self.name}@{step}"
+
+    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward", *, keep_last: int = 1) -> list[int]:
+        """Delete checkpoints except the latest ``keep_last`` and the best by ``best_checkpoint_metric``.
+
+        Returns the deleted steps.
+        """
+        if self._backend is None:
+            raise CheckpointError("register the model with a backend before deleting checkpoints")
+        best = best_step(self.history(), best_checkpoint_metric)
+        steps = self.run_dir.checkpoint_steps()
+        keep = set(steps[-keep_last:]) | ({best} if best is not None else set())
+        return await self._backend.delete_checkpoints(self, keep=sorted(keep))
+
+
+def best_step(history: list[dict[str, Any]], metric: str) -> int | None:
+    """The step whose logged ``metric`` is highest (None when never logged)."""
+    scored = [(row[metric], row["step"]) for row in history if isinstance(row.get(metric), (int, float))]
+    return max(scored)[1] if scored else None
+
+
+def _as_groups(items: Any) -> list[TrajectoryGroup]:
+    if items is None:
+        return []
+    if isinstance(items, (TrajectoryGroup, Trajectory)):
+        items = [items]
+    groups: list[TrajectoryGroup] = []
+    loose: list[Trajectory] = []
+    for item in items:
+        if isinstance(item, TrajectoryGroup):
+            groups.append(item)
+        elif isinstance(item, Trajectory):
+            loose.append(item)
+        else:
+            raise ConfigError(f"log() takes trajectory groups or trajectories, got {type(item).__name__}")
+    if loose:
+        groups.append(TrajectoryGroup(loose))
+    return groups
+
+
+def aggregate_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
+    """Means over trajectories of reward and every metric, plus group-level spread and failures."""
+    trajectories = [t for g in groups for t in g.trajectories]
+    n_exceptions = sum(len(g.exceptions) for g in groups)
+    out: dict[str, float] = {}
+    if trajectories:
+        out["reward"] = statistics.fmean(t.reward for t in trajectories)
+        spreads = [statistics.pstdev(g.rewards) for g in groups if len(g.trajectories) > 1]
+        if spreads:
+            out["reward_std_dev"] = statistics.fmean(spreads)
+        keys = sorted({k for t in trajectories for k in t.metrics})
+        for key in keys:
+            values = [float(t.metrics[key]) for t in trajectories if key in t.metrics]
+            values = [v for v in values if math.isfinite(v)]
+            if values:
+                out[key] = statistics.fmean(values)
+    for key in sorted({k for g in groups for k in g.metrics}):
+        values = [float(g.metrics[key]) for g in groups if key in g.metrics]
+        out[f"group_{key}"] = statistics.fmean(values)
+    total = len(trajectories) + n_exceptions
+    out["num_trajectories"] = float(len(trajectories))
+    out["exception_rate"] = n_exceptions / total if total else 0.0
+    return out

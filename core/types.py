@@ -1,0 +1,266 @@
+"""The core RL types, in one short module.
+
+What gets trained is decided by *provenance*, not by role: a plain message dict in
+``Trajectory.messages_and_choices`` is context (weight 0), a :class:`Choice` is a turn
+sampled by the policy and carries the exact token ids and logprobs the sampler produced
+(weight 1).  OpenAI ``Choice`` objects (from ``openai``'s SDK) are accepted as they are
+and converted, so ART-style rollout code works unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import traceback as traceback_module
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from .errors import TrajectoryError
+
+Message = dict[str, Any]
+"""An OpenAI-style chat message (``role``, ``content``, optional ``tool_calls`` / ``tool_call_id``)."""
+
+Tool = dict[str, Any]
+"""An OpenAI-style tool schema (``{"type": "function", "function": {...}}``)."""
+
+
+class Choice(BaseModel):
+    """One assistant turn sampled by the policy: the trainable unit of a trajectory."""
+
+    model_config = ConfigDict(extra="allow")
+
+    message: Message
+    """The assistant message (``role="assistant"``, ``content``, optional ``tool_calls``)."""
+    token_ids: list[int] | None = None
+    """Exact completion token ids as sampled (stop token included when the server returns it)."""
+    prompt_token_ids: list[int] | None = None
+    """Exact prompt token ids the server rendered for this call."""
+    logprobs: list[float] | None = None
+    """Sampler logprob of each completion token (same length as ``token_ids``)."""
+    finish_reason: str | None = None
+    index: int = 0
+    response_id: str | None = None
+    """Id of the chat-completion response, used to join capture spans with token data."""
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _message_as_dict(cls, value: Any) -> Any:
+        if hasattr(value, "model_dump"):
+            value = value.model_dump(exclude_none=True)
+        return value
+
+    @classmethod
+    def from_openai(cls, choice: Any, completion: Any | None = None) -> "Choice":
+        """Build from an OpenAI SDK ``Choice`` (and, if given, its ``ChatCompletion``).
+
+        vLLM and tracerl's servers put ``token_ids`` on the choice and
+        ``prompt_token_ids`` on the response; OpenAI logprobs live in
+        ``choice.logprobs.content[i].logprob``.
+        """
+        extra = dict(getattr(choice, "model_extra", None) or {})
+        message = choice.message.model_dump(exclude_none=True)
+        message.setdefault("role", "assistant")
+        for key in ("refusal", "audio", "function_call", "annotations"):
+            if message.get(key) in (None, [], {}):
+                message.pop(key, None)
+        logprobs = None
+        content = getattr(getattr(choice, "logprobs", None), "content", None)
+        if content:
+            logprobs = [float(entry.logprob) for entry in content]
+        prompt_ids = extra.get("prompt_token_ids")
+        response_id = None
+        if completion is not None:
+            completion_extra = getattr(completion, "model_extra", None) or {}
+            prompt_ids = prompt_ids or completion_extra.get("prompt_token_ids")
+            response_id = getattr(completion, "id", None)
+        return cls(
+            message=message,
+            token_ids=extra.get("token_ids"),
+            prompt_token_ids=prompt_ids,
+            logprobs=logprobs,
+            finish_reason=getattr(choice, "finish_reason", None),
+            index=getattr(choice, "index", 0),
+            response_id=response_id,
+        )
+
+
+MessageOrChoice = Union[Message, Choice]
+
+
+def _coerce_item(item: Any) -> MessageOrChoice:
+    if isinstance(item, (dict, Choice)):
+        return item
+    if hasattr(item, "message") and hasattr(item, "finish_reason"):
+        return Choice.from_openai(item)
+    if hasattr(item, "model_dump"):  # e.g. an OpenAI ChatCompletionMessage used as context
+        return item.model_dump(exclude_none=True)
+    raise TrajectoryError(
+        f"messages_and_choices items must be message dicts or sampled choices, got {type(item).__name__}"
+    )
+
+
+class History(BaseModel):
+    """An extra sequence of the same trajectory (a sub-agent, a branch, a compacted context)."""
+
+    messages_and_choices: list[Any]
+    tools: list[Tool] | None = None
+
+    @field_validator("messages_and_choices", mode="before")
+    @classmethod
+    def _coerce(cls, value: Any) -> list[MessageOrChoice]:
+        return [_coerce_item(item) for item in value]
+
+    def messages(self) -> list[Message]:
+        """The conversation as plain message dicts (sampled choices rendered back)."""
+        return [item.message if isinstance(item, Choice) else item for item in self.messages_and_choices]
+
+
+class Trajectory(History):
+    """One attempt at a task: what the agent saw and did, and how well it went."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    additional_histories: list[History] = Field(default_factory=list)
+    reward: float = 0.0
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+    trace_id: str | None = None
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @field_validator("reward")
+    @classmethod
+    def _finite_reward(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise TrajectoryError(f"reward must be a finite number, got {value!r}")
+        return value
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+    def histories(self) -> list[History]:
+        """The main history followed by the additional ones."""
+        return [History(messages_and_choices=self.messages_and_choices, tools=self.tools), *self.additional_histories]
+
+    def sampled_turns(self) -> list[Choice]:
+        return [item for h in self.histories() for item in h.messages_and_choices if isinstance(item, Choice)]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (what ``trajectories/{split}/{step}.jsonl`` stores)."""
+        return self.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class ExceptionRecord:
+    """A failed rollout, kept as a value so nothing is lost."""
+
+    type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> "ExceptionRecord":
+        return cls(
+            type=type(error).__name__,
+            message=str(error),
+            traceback="".join(traceback_module.format_exception(type(error), error, error.__traceback__)),
+        )
+
+
+class TrajectoryGroup(BaseModel):
+    """All attempts at one task; GRPO compares their rewards with each other."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    trajectories: list[Trajectory]
+    exceptions: list[ExceptionRecord] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+
+    def __init__(
+        self,
+        trajectories: Iterable[Trajectory | BaseException] = (),
+        exceptions: Iterable[ExceptionRecord | BaseException] = (),
+        **kwargs: Any,
+    ) -> None:
+        kept: list[Trajectory] = []
+        records: list[ExceptionRecord] = []
+        pending: list[Any] = []
+        for item in list(trajectories) + list(exceptions):
+            if inspect.isawaitable(item):
+                pending.append(item)
+            elif isinstance(item, BaseException):
+                records.append(ExceptionRecord.from_exception(item))
+            elif isinstance(item, ExceptionRecord):
+                records.append(item)
+            elif isinstance(item, dict) and "message" in item and "traceback" in item:
+                records.append(ExceptionRecord(**item))
+            else:
+                kept.append(item if isinstance(item, Trajectory) else Trajectory.model_validate(item))
+        super().__init__(trajectories=kept, exceptions=records, **kwargs)
+        self._pending = pending
+
+    _pending: list[Any] = PrivateAttr(default_factory=list)
+
+    async def resolve(self) -> "TrajectoryGroup":
+        """Await the rollouts this group was built from (ART style: ``TrajectoryGroup(rollout() for ...)``).
+
+        A rollout that raises becomes an :class:`ExceptionRecord`; nothing is lost.
+        """
+        pending, self._pending = self._pending, []
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):  # KeyboardInterrupt, CancelledError...
+                    raise result
+                self.exceptions.append(ExceptionRecord.from_exception(result))
+            elif isinstance(result, Trajectory):
+                self.trajectories.append(result)
+            else:
+                self.exceptions.append(
+                    ExceptionRecord("TypeError", f"rollout returned {type(result).__name__}, not a Trajectory", "")
+                )
+        return self
+
+    def __await__(self):
+        return self.resolve().__await__()
+
+    def __iter__(self):  # type: ignore[override]
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one ``backend.train`` call did."""
+
+    step: int
+    """The model's step after this call (the new checkpoint number)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint_path: str | None = None
+
+
+@dataclass(frozen=True)
+class DatasetBatch:
+    """One batch from :func:`tracerl.iterate_dataset`."""
+
+    items: list[Any]
+    step: int
+    epoch: int
+    epoch_step: int
+
+
+def dumps_jsonl(rows: Iterable[dict[str, Any]]) -> str:
+    return "".join(json.dumps(row, default=str) + "\n" for row in rows)
