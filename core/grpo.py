@@ -1,0 +1,193 @@
+"""GRPO as pure math: advantages, token weights, losses, chunked logprobs. No I/O, no model.
+
+Shape suffixes: ``_G`` members of a group, ``_B`` rows of a batch, ``_T`` tokens,
+``_H`` hidden size, ``_V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+LOG_RATIO_CLAMP = 20.0
+ZERO_VARIANCE_TOL = 1e-12
+
+
+class LossFn(str, Enum):
+    """Policy-gradient loss variants."""
+
+    PPO = "ppo"
+    """PPO clip: ``-min(ρA, clip(ρ, 1-ε, 1+ε_high) A)``."""
+    CISPO = "cispo"
+    """CISPO: ``-sg(clip(ρ, 1-ε, 1+ε_high)) · A · logπ`` — every token keeps a gradient."""
+
+
+class ImportanceLevel(str, Enum):
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+    """GSPO: one ratio per row, ``exp(mean over its trained tokens of (ℓ_new − ℓ_old))``."""
+
+
+DEFAULT_EPSILON = {LossFn.PPO: (0.2, 0.2), LossFn.CISPO: (1.0, 4.0)}
+
+
+def group_advantages(rewards_G: Sequence[float], *, scale_rewards: bool = True, std_eps: float = 1e-6) -> tuple[list[float], bool]:
+    """Mean-centred (and std-scaled) advantages of one group, and whether the group is trainable.
+
+    A group whose rewards are all equal (within ``ZERO_VARIANCE_TOL``) or that has a single
+    member carries no signal: its advantages are zero and it is reported untrainable.
+    """
+    rewards = torch.tensor(list(rewards_G), dtype=torch.float64)
+    if rewards.numel() < 2 or float(rewards.max() - rewards.min()) <= ZERO_VARIANCE_TOL:
+        return [0.0] * rewards.numel(), False
+    centred = rewards - rewards.mean()
+    if scale_rewards:
+        centred = centred / (rewards.std(unbiased=False) + std_eps)
+    return centred.tolist(), True
+
+
+def equal_trajectory_weights(trainable_tokens_per_trajectory: Sequence[int]) -> list[float]:
+    """Per-token weight for each trajectory so every trajectory counts the same.
+
+    Token weight ``∝ 1 / (trainable tokens of its trajectory)``, renormalised to mean 1
+    over all trainable tokens of the batch; the loss is then ``Σ w·loss / N_tokens``,
+    i.e. the mean over trajectories of each trajectory's mean token loss.
+    """
+    counts = [int(n) for n in trainable_tokens_per_trajectory]
+    total_tokens = sum(counts)
+    present = sum(1 for n in counts if n > 0)
+    if total_tokens == 0:
+        return [0.0] * len(counts)
+    return [total_tokens / (present * n) if n > 0 else 0.0 for n in counts]
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    """Sum over tokens of weighted loss divided by ``normalizer``: add micro-batches up as they come."""
+    ratio_sum: float
+    ratio_max: float
+    clipped: float
+    tokens: float
+    kl_sum: float
+
+
+def policy_loss(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    weights_BT: torch.Tensor,
+    *,
+    loss_fn: LossFn | str = LossFn.CISPO,
+    epsilon: float | None = None,
+    epsilon_high: float | None = None,
+    importance_level: ImportanceLevel | str = ImportanceLevel.TOKEN,
+    normalizer: float | None = None,
+    ref_logprobs_BT: torch.Tensor | None = None,
+    kl_penalty_coef: float = 0.0,
+) -> LossOutput:
+    """The GRPO policy loss on trained tokens (``weights_BT > 0``).
+
+    ``old_logprobs_BT`` holds the sampler's logprobs; NaN where unknown, in which case the
+    ratio is 1 for that token.  ``normalizer`` is the number of trained tokens of the
+    *whole* step (so micro-batch losses add up to the full-batch loss).
+    """
+    loss_fn = LossFn(loss_fn)
+    level = ImportanceLevel(importance_level)
+    default_low, default_high = DEFAULT_EPSILON[loss_fn]
+    eps_low = default_low if epsilon is None else epsilon
+    if epsilon_high is not None:
+        eps_high = epsilon_high
+    elif epsilon is not None and loss_fn is LossFn.PPO:
+        eps_high = epsilon  # PPO's clip is symmetric unless told otherwise
+    else:
+        eps_high = default_high
+    mask_BT = weights_BT > 0
+    old = torch.where(torch.isnan(old_logprobs_BT), logprobs_BT.detach(), old_logprobs_BT)
+    log_ratio = (logprobs_BT - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if level is ImportanceLevel.SEQUENCE:
+        counts_B = mask_BT.sum(dim=1).clamp(min=1)
+        seq_log_ratio_B = (log_ratio * mask_BT).sum(dim=1) / counts_B
+        log_ratio = seq_log_ratio_B[:, None].expand_as(log_ratio)
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    if loss_fn is LossFn.PPO:
+        per_token = -torch.minimum(ratio * advantages_BT, clipped_ratio * advantages_BT)
+        is_clipped = ((advantages_BT > 0) & (ratio > 1.0 + eps_high)) | ((advantages_BT < 0) & (ratio < 1.0 - eps_low))
+    else:
+        per_token = -clipped_ratio.detach() * advantages_BT * logprobs_BT
+        is_clipped = (ratio > 1.0 + eps_high) | (ratio < 1.0 - eps_low)
+    kl_sum = 0.0
+    if ref_logprobs_BT is not None and kl_penalty_coef:
+        # k3 estimator of KL(π || π_ref): exp(ref − new) − (ref − new) − 1  (≥ 0, unbiased)
+        diff = ref_logprobs_BT - logprobs_BT
+        kl = torch.exp(diff) - diff - 1.0
+        per_token = per_token + kl_penalty_coef * kl
+        kl_sum = float((kl.detach() * mask_BT).sum())
+    n = float(mask_BT.sum()) if normalizer is None else float(normalizer)
+    loss = (per_token * weights_BT).sum() / max(n, 1.0)
+    masked_ratio = ratio.detach()[mask_BT]
+    return LossOutput(
+        loss=loss,
+        ratio_sum=float(masked_ratio.sum()) if masked_ratio.numel() else 0.0,
+        ratio_max=float(masked_ratio.max()) if masked_ratio.numel() else 0.0,
+        clipped=float((is_clipped & mask_BT).sum()),
+        tokens=float(mask_BT.sum()),
+        kl_sum=kl_sum,
+    )
+
+
+def _chunk_logprobs(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, targets_C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits_CV = hidden_CH @ weight_VH.T
+    lse_C = torch.logsumexp(logits_CV, dim=-1)
+    target_logits_C = logits_CV.gather(-1, targets_C[:, None]).squeeze(-1)
+    with torch.no_grad():
+        probs = torch.softmax(logits_CV.detach(), dim=-1)
+        entropy_C = lse_C.detach() - (probs * logits_CV.detach()).sum(-1)
+    return target_logits_C - lse_C, entropy_C
+
+
+def chunked_token_logprobs(
+    hidden_BTH: torch.Tensor,
+    lm_head_weight_VH: torch.Tensor,
+    targets_BT: torch.Tensor,
+    *,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob of each target token and the entropy at each position, chunk by chunk.
+
+    Each chunk's ``[chunk, V]`` logits are recomputed in backward (activation checkpointing)
+    instead of being stored, so ``[B, T, V]`` logits never exist at once.
+    """
+    B, T, H = hidden_BTH.shape
+    flat_hidden = hidden_BTH.reshape(B * T, H)
+    flat_targets = targets_BT.reshape(B * T)
+    logprob_chunks, entropy_chunks = [], []
+    for start in range(0, B * T, chunk_size):
+        h = flat_hidden[start : start + chunk_size]
+        t = flat_targets[start : start + chunk_size]
+        if torch.is_grad_enabled() and (h.requires_grad or lm_head_weight_VH.requires_grad):
+            lp, ent = checkpoint(_chunk_logprobs, h, lm_head_weight_VH, t, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(h, lm_head_weight_VH, t)
+        logprob_chunks.append(lp)
+        entropy_chunks.append(ent)
+    return torch.cat(logprob_chunks).reshape(B, T), torch.cat(entropy_chunks).reshape(B, T)
+
+
+def probability_correlation(sampler_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor) -> float:
+    """Pearson correlation of token probabilities (sampler vs trainer); NaN-safe, 1.0 if constant."""
+    valid = ~(torch.isnan(sampler_logprobs) | torch.isnan(trainer_logprobs))
+    a = sampler_logprobs[valid].double().exp()
+    b = trainer_logprobs[valid].double().exp()
+    if a.numel() < 2:
+        return float("nan")
+    a, b = a - a.mean(), b - b.mean()
+    denom = float(a.norm() * b.norm())
+    if denom == 0.0:
+        return 1.0 if torch.allclose(sampler_logprobs[valid], trainer_logprobs[valid], atol=1e-4) else 0.0
+    return float((a * b).sum()) / denom

@@ -1,0 +1,371 @@
+"""The batched generation engine behind :class:`TransformersServer`.
+
+A worker thread takes queued jobs, waits a few milliseconds for more, groups them by adapter
+and decodes each group as one left-padded batch with a KV cache.  Finished rows are dropped
+from the batch and their request is answered at once.  Reported logprobs are the raw model
+logprobs (log-softmax of the logits at temperature 1, as vLLM returns by default), whatever
+the sampling temperature, top-p or top-k: the trainer compares them with its own.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SampleResult:
+    """One sampled completion (one choice)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str
+    text: str
+
+
+@dataclass
+class GenerationJob:
+    prompt_ids: list[int]
+    adapter: str | None
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    top_logprobs: int = 0
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    results: list[SampleResult | None] = field(default_factory=list)
+
+
+@dataclass
+class _Row:
+    job: GenerationJob
+    choice: int
+    generator: Any
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+class GenerationEngine:
+    """A causal LM plus run-time peft adapters, generating queued jobs in batches."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        max_batch_rows: int = 16,
+        batch_wait_s: float = 0.02,
+        num_threads: int | None = None,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.model_path = Path(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self._base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
+        self._peft: Any = None
+        self.max_model_len = int(getattr(self._base.config, "max_position_embeddings", 2048) or 2048)
+        eos = {self.tokenizer.eos_token_id}
+        gen_eos = getattr(self._base.generation_config, "eos_token_id", None)
+        eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+        self.eos_ids = {int(t) for t in eos if t is not None}
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.eos_ids))
+        forward_params = inspect.signature(type(self._base).forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_params else "past_key_values"  # renamed in transformers 5.x
+        self._adapters: dict[str, str] = {}  # served name -> internal peft adapter name
+        self._counter = itertools.count()
+        self._lock = threading.Lock()  # the model: one batch or one adapter change at a time
+        self._running = threading.Event()
+        self._running.set()
+        self._queue: queue.Queue[GenerationJob | None] = queue.Queue()
+        self.max_batch_rows = max_batch_rows
+        self.batch_wait_s = batch_wait_s
+        self._worker: threading.Thread | None = None
+
+    # --- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="tracerl-generate", daemon=True)
+            self._worker.start()
+
+    def stop(self) -> None:
+        self._running.set()
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(60)
+            self._worker = None
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and not job.future.done():
+                job.future.set_exception(RuntimeError("the inference server stopped"))
+
+    @property
+    def alive(self) -> bool:
+        return self._worker is not None and self._worker.is_alive()
+
+    def pause(self) -> None:
+        """Hold generation at the next decode step (running batches included) until :meth:`resume`."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    # --- adapters --------------------------------------------------------------------
+    @property
+    def adapter_names(self) -> list[str]:
+        return list(self._adapters)
+
+    def has_adapter(self, name: str) -> bool:
+        return name in self._adapters
+
+    def load_adapter(self, name: str, path: str | Path) -> None:
+        """Load (or replace in place) the peft adapter folder ``path`` served as ``name``."""
+        from peft import PeftModel
+
+        path = Path(path).expanduser()
+        if not (path / "adapter_config.json").exists():
+            raise ConfigError(f"no peft adapter at {path} (adapter_config.json is missing)")
+        internal = f"adapter{next(self._counter)}"  # peft module keys must not hold '.', '@' may vary
+        with self._lock:
+            if self._peft is None:
+                self._peft = PeftModel.from_pretrained(self._base, str(path), adapter_name=internal, is_trainable=False)
+                self._peft.eval()
+            else:
+                self._peft.load_adapter(str(path), adapter_name=internal, is_trainable=False)
+            old = self._adapters.get(name)
+            self._adapters[name] = internal
+            if old is not None:
+                self._delete(old)
+
+    def unload_adapter(self, name: str) -> None:
+        with self._lock:
+            internal = self._adapters.pop(name)
+            self._delete(internal)
+
+    def _delete(self, internal: str) -> None:
+        if internal in self._adapters.values():
+            return
+        if len(self._peft.peft_config) > 1:  # peft cannot drop its last adapter; it stays unused
+            self._peft.delete_adapter(internal)
+
+    # --- submission ------------------------------------------------------------------
+    def submit(self, job: GenerationJob) -> concurrent.futures.Future:
+        if self._worker is None:
+            raise RuntimeError("the generation engine is not running")
+        job.results = [None] * job.n
+        self._queue.put(job)
+        return job.future
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            jobs = [job]
+            rows = job.n
+            deadline = time.monotonic() + self.batch_wait_s
+            stop_after = False
+            while rows < self.max_batch_rows:
+                try:
+                    extra = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if extra is None:
+                    stop_after = True
+                    break
+                jobs.append(extra)
+                rows += extra.n
+            jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
+            for batch in self._plan(jobs):
+                try:
+                    with self._lock:
+                        self._generate(batch)
+                except BaseException as error:  # noqa: BLE001 - handed to the waiting requests
+                    log.exception("generation failed")
+                    for failed in batch:
+                        if not failed.future.done():
+                            failed.future.set_exception(error)
+            if stop_after:
+                return
+
+    def _plan(self, jobs: list[GenerationJob]) -> list[list[GenerationJob]]:
+        """Group by adapter (order kept), then cut each group to at most ``max_batch_rows`` rows."""
+        by_adapter: dict[str | None, list[GenerationJob]] = {}
+        for job in jobs:
+            by_adapter.setdefault(job.adapter, []).append(job)
+        batches: list[list[GenerationJob]] = []
+        for group in by_adapter.values():
+            current: list[GenerationJob] = []
+            rows = 0
+            for job in group:
+                if current and rows + job.n > self.max_batch_rows:
+                    batches.append(current)
+                    current, rows = [], 0
+                current.append(job)
+                rows += job.n
+            batches.append(current)
+        return batches
+
+    # --- generation ------------------------------------------------------------------
+    def _model_for(self, adapter: str | None) -> tuple[Any, Any]:
+        """The module to call and a context manager that selects ``adapter`` (None: base)."""
+        import contextlib
+
+        if self._peft is None:
+            if adapter is not None:
+                raise ConfigError(f"adapter {adapter!r} is not loaded")
+            return self._base, contextlib.nullcontext()
+        if adapter is None:
+            return self._peft, self._peft.disable_adapter()
+        internal = self._adapters.get(adapter)
+        if internal is None:
+            raise ConfigError(f"adapter {adapter!r} is not loaded")
+        self._peft.set_adapter(internal)
+        return self._peft, contextlib.nullcontext()
+
+    def _generate(self, jobs: list[GenerationJob]) -> None:
+        import torch
+
+        rows: list[_Row] = []
+        for job in jobs:
+            for choice in range(job.n):
+                generator = torch.Generator()
+                seed = job.seed * 1_000_003 + choice if job.seed is not None else random.SystemRandom().getrandbits(63)
+                generator.manual_seed(seed % (2**63))
+                rows.append(_Row(job=job, choice=choice, generator=generator))
+        model, context = self._model_for(jobs[0].adapter)
+        width = max(len(row.job.prompt_ids) for row in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            prompt = row.job.prompt_ids
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[i, width - len(prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = None
+        with torch.inference_mode(), context:
+            while rows:
+                self._running.wait()
+                out = model(
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{self._cache_arg: cache},
+                )
+                cache = getattr(out, self._cache_arg, None)
+                logits = out.logits[:, -1, :].float()
+                logprobs = torch.log_softmax(logits, dim=-1)
+                next_ids: list[int] = []
+                keep: list[int] = []
+                for i, row in enumerate(rows):
+                    token = self._sample(row, logits[i], logprobs[i])
+                    next_ids.append(token)
+                    if self._finish(row):
+                        continue
+                    keep.append(i)
+                if len(keep) < len(rows):
+                    rows = [rows[i] for i in keep]
+                    if not rows:
+                        break
+                    index = torch.tensor(keep, dtype=torch.long)
+                    cache.batch_select_indices(index)
+                    mask = mask[index]
+                    positions = positions[index]
+                    next_ids = [next_ids[i] for i in keep]
+                input_ids = torch.tensor(next_ids, dtype=torch.long).unsqueeze(-1)
+                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=-1)
+                positions = positions[:, -1:] + 1
+
+    def _sample(self, row: _Row, logits: Any, logprobs: Any) -> int:
+        import torch
+
+        job = row.job
+        if job.temperature == 0.0:
+            token = int(torch.argmax(logits))
+        else:
+            scaled = logits / job.temperature
+            if job.top_k and job.top_k < scaled.shape[-1]:
+                kth = torch.topk(scaled, job.top_k).values[-1]
+                scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+            if job.top_p < 1.0:
+                sorted_logits, order = torch.sort(scaled, descending=True)
+                cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+                drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= job.top_p  # keep the first past top_p
+                scaled = scaled.clone()
+                scaled[order[drop]] = float("-inf")
+            probs = torch.softmax(scaled, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=row.generator))
+        row.ids.append(token)
+        row.logprobs.append(float(logprobs[token]))
+        if job.top_logprobs:
+            values, indices = torch.topk(logprobs, job.top_logprobs)
+            row.top.append([(int(t), float(v)) for t, v in zip(indices.tolist(), values.tolist())])
+        return token
+
+    def _finish(self, row: _Row) -> bool:
+        """Record the row's result when it is done; answer its job when all its rows are."""
+        job = row.job
+        token = row.ids[-1]
+        reason: str | None = None
+        text_ids = row.ids
+        if token in self.eos_ids or token in job.stop_token_ids:
+            reason, text_ids = "stop", row.ids[:-1]
+        text = None
+        if reason is None and job.stop:
+            decoded = self.decode(row.ids)
+            hits = [decoded.find(s) for s in job.stop if s in decoded]
+            if hits:
+                reason, text = "stop", decoded[: min(hits)]
+        if reason is None and (
+            len(row.ids) >= job.max_tokens or len(job.prompt_ids) + len(row.ids) >= self.max_model_len
+        ):
+            reason = "length"
+        if reason is None:
+            return False
+        job.results[row.choice] = SampleResult(
+            token_ids=row.ids,
+            logprobs=row.logprobs,
+            top_logprobs=row.top,
+            finish_reason=reason,
+            text=text if text is not None else self.decode(text_ids),
+        )
+        if all(result is not None for result in job.results) and not job.future.done():
+            job.future.set_result(job.results)
+        return True
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+

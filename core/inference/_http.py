@@ -1,0 +1,138 @@
+"""HTTP plumbing shared by the servers: OpenAI-style errors and an in-process uvicorn thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+from ..errors import InferenceServerError
+
+
+class OpenAIError(Exception):
+    """An error answered as OpenAI's ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+        param: str | None = None,
+        code: str | int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def install_error_handlers(app: Any) -> None:
+    """Answer every error of ``app`` (ours, validation, unexpected) in OpenAI's shape."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_request: Any, error: OpenAIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Any, error: RequestValidationError) -> JSONResponse:
+        details = error.errors()
+        first = details[0] if details else {}
+        location = [str(part) for part in first.get("loc", ()) if part != "body"]
+        message = "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', ()) if p != 'body') or 'body'}: {d.get('msg')}" for d in details
+        )
+        wrapped = OpenAIError(message or "invalid request", param=".".join(location) or None)
+        return JSONResponse(wrapped.body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request: Any, error: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        wrapped = OpenAIError(str(error.detail), status=error.status_code, type=kind, code=error.status_code)
+        return JSONResponse(wrapped.body(), status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Any, error: Exception) -> JSONResponse:
+        wrapped = OpenAIError(f"{type(error).__name__}: {error}", status=500, type="internal_error")
+        return JSONResponse(wrapped.body(), status_code=500)
+
+
+def free_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening-ready bound socket (port 0 picks a free one); handing it to uvicorn avoids races."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class BackgroundUvicorn:
+    """Run an ASGI app with uvicorn on a daemon thread with its own event loop."""
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "tracerl-http") -> None:
+        self.app = app
+        self.host = host
+        self._requested_port = port
+        self.port: int | None = None
+        self._name = name
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, timeout: float = 30.0) -> int:
+        import uvicorn
+
+        sock = free_socket(self.host, self._requested_port)
+        self.port = int(sock.getsockname()[1])
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+
+        def serve() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            try:
+                self.loop.run_until_complete(self._server.serve(sockets=[sock]))
+            finally:
+                sock.close()
+                self.loop.close()
+
+        self._thread = threading.Thread(target=serve, name=self._name, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise InferenceServerError(f"the HTTP server thread {self._name!r} exited during start-up")
+            if time.monotonic() > deadline:
+                raise InferenceServerError(f"the HTTP server {self._name!r} did not start within {timeout:.0f} s")
+            time.sleep(0.01)
+        return self.port
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive() and self._server is not None:
+                self._server.force_exit = True
+                self._thread.join(timeout)
+        self._thread = None

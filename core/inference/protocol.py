@@ -1,0 +1,187 @@
+"""The slice of the OpenAI chat-completions protocol that tracerl's servers speak.
+
+Requests are validated by hand so that every problem becomes an OpenAI-style 400 naming the
+offending ``param``.  vLLM's extensions used by the trainer are supported: ``return_token_ids``
+(top-level ``prompt_token_ids`` and per-choice ``token_ids``), ``top_k``, ``stop_token_ids``,
+``chat_template_kwargs``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._http import OpenAIError
+
+MAX_N = 64
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    return_token_ids: bool = False
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def parse_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
+        raise OpenAIError(f"'{key}' must be a number between {low} and {high}, got {value!r}", param=key)
+    return float(value)
+
+
+def _integer(body: dict[str, Any], key: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise OpenAIError(f"'{key}' must be an integer {bound}, got {value!r}", param=key)
+    return value
+
+
+def _text_content(content: Any, where: str) -> Any:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise OpenAIError(f"{where}.content: only text parts are supported", param="messages")
+        return "".join(parts)
+    raise OpenAIError(f"{where}.content must be a string or a list of text parts", param="messages")
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise OpenAIError("'messages' must be a non-empty list of messages", param="messages")
+    messages = []
+    for index, message in enumerate(value):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict) or message.get("role") not in {"system", "developer", "user", "assistant", "tool"}:
+            raise OpenAIError(f"{where} needs a 'role' of system, user, assistant or tool", param="messages")
+        message = dict(message)
+        if message["role"] == "developer":
+            message["role"] = "system"
+        message["content"] = _text_content(message.get("content"), where)
+        if message["role"] != "assistant" and not isinstance(message["content"], str):
+            raise OpenAIError(f"{where} needs a string 'content'", param="messages")
+        messages.append(message)
+    return messages
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Validate a chat-completions request body; raises :class:`OpenAIError` (400)."""
+    if not isinstance(body, dict):
+        raise OpenAIError("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise OpenAIError("'model' is required", param="model")
+    if body.get("stream"):
+        raise OpenAIError("'stream' is not supported by this server", param="stream")
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise OpenAIError("'tools' must be a list of tool objects", param="tools")
+    tools = tools or None
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise OpenAIError("'stop' must be a string or a list of non-empty strings", param="stop")
+    stop_token_ids = body.get("stop_token_ids") or []
+    if not (isinstance(stop_token_ids, list) and all(isinstance(t, int) for t in stop_token_ids)):
+        raise OpenAIError("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    max_tokens = _integer(body, "max_completion_tokens", None, 1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", None, 1)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise OpenAIError("'logprobs' must be a boolean", param="logprobs")
+    top_logprobs = _integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS) or 0
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise OpenAIError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    top_k = _integer(body, "top_k", 0, -1)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise OpenAIError("'seed' must be an integer", param="seed")
+    return ChatRequest(
+        model=model,
+        messages=_messages(body.get("messages")),
+        tools=tools,
+        tool_choice=body.get("tool_choice"),
+        n=int(_integer(body, "n", 1, 1, MAX_N) or 1),
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
+        top_k=max(0, top_k or 0),
+        max_tokens=max_tokens,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        seed=seed,
+        logprobs=bool(logprobs) or top_logprobs > 0,
+        top_logprobs=top_logprobs,
+        return_token_ids=bool(body.get("return_token_ids")),
+        add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+        chat_template_kwargs=kwargs,
+    )
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex
+
+
+def logprob_entry(token: str, logprob: float, top: list[tuple[str, float]]) -> dict[str, Any]:
+    """One element of ``choices[i].logprobs.content`` (OpenAI shape)."""
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode("utf-8")),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in top],
+    }
+
+
+def chat_completion(
+    *, model: str, prompt_token_ids: list[int], choices: list[dict[str, Any]], completion_tokens: int, include_ids: bool
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": completion_id(),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(prompt_token_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_token_ids) + completion_tokens,
+        },
+    }
+    if include_ids:
+        body["prompt_token_ids"] = prompt_token_ids
+    return body

@@ -1,0 +1,285 @@
+"""An OpenAI chat-completions server over a transformers model with run-time peft adapters.
+
+The fallback where vLLM cannot run, and the fast path for tests.  It runs in-process: uvicorn
+on a background thread with its own event loop, listening on 127.0.0.1 (a free port by
+default), and a generation worker thread that batches concurrent requests
+(see :mod:`tracerl.inference._engine`).  It speaks what the trainer needs from vLLM:
+``return_token_ids``, raw sampler logprobs, ``n > 1``, Hermes tool calls, and vLLM's
+``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from fastapi import FastAPI, Request
+
+from ..errors import ConfigError, InferenceServerError
+from ._http import BackgroundUvicorn, OpenAIError, install_error_handlers
+from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request
+from .tool_calls import parse_tool_calls
+
+BASE_ALIASES = ("base",)
+
+
+class TransformersServer:
+    """``InferenceServer`` over transformers (fp32) + peft, in this process.
+
+    ``served_name`` (and ``"base"`` and the model path) serve the base model; adapters are
+    served under the names given to :meth:`load_adapter` (e.g. ``"agent@3"``).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        served_name: str = "base",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_batch_rows: int = 16,
+        batch_wait_s: float = 0.02,
+        num_threads: int | None = None,
+        default_max_tokens: int | None = None,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.served_name = served_name
+        self.host = host
+        self._port = port
+        self._engine_options = {"max_batch_rows": max_batch_rows, "batch_wait_s": batch_wait_s, "num_threads": num_threads}
+        self.default_max_tokens = default_max_tokens
+        self.engine: Any = None
+        self._http: BackgroundUvicorn | None = None
+        self.base_url = ""
+
+    # --- InferenceServer -------------------------------------------------------------
+    async def start(self) -> None:
+        if self._http is not None and self._http.running:
+            return
+        await asyncio.to_thread(self._start_blocking)
+
+    def _start_blocking(self) -> None:
+        from ._engine import GenerationEngine
+
+        try:
+            self.engine = GenerationEngine(self.model_path, **self._engine_options)
+        except Exception as error:  # noqa: BLE001 - translated at the boundary
+            raise InferenceServerError(f"could not load {self.model_path}: {type(error).__name__}: {error}") from error
+        self.engine.start()
+        self._http = BackgroundUvicorn(build_app(self), host=self.host, port=self._port, name="tracerl-transformers")
+        port = self._http.start()
+        self.base_url = f"http://{self.host}:{port}/v1"
+
+    async def load_adapter(self, name: str, path: str | Path) -> None:
+        self._require_started()
+        if name in self.base_names:
+            raise ConfigError(f"adapter name {name!r} is taken by the base model")
+        await asyncio.to_thread(self.engine.load_adapter, name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        self._require_started()
+        await asyncio.to_thread(self.engine.unload_adapter, name)
+
+    async def health(self) -> bool:
+        if self._http is None or not self._http.running or self.engine is None or not self.engine.alive:
+            return False
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=5) as client:
+                return (await client.get(self.base_url.removesuffix("/v1") + "/health")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self._stop_blocking)
+
+    def _stop_blocking(self) -> None:
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
+        if self.engine is not None:
+            self.engine.stop()
+
+    # --- sharing the cores with a trainer --------------------------------------------
+    def pause(self) -> None:
+        """Hold generation (at the next decode step) so a trainer can have the cores."""
+        if self.engine is not None:
+            self.engine.pause()
+
+    def resume(self) -> None:
+        if self.engine is not None:
+            self.engine.resume()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
+    # --- helpers ---------------------------------------------------------------------
+    @property
+    def base_names(self) -> set[str]:
+        return {self.served_name, *BASE_ALIASES, str(self.model_path)}
+
+    def model_names(self) -> list[str]:
+        return [self.served_name, *(self.engine.adapter_names if self.engine else [])]
+
+    def _require_started(self) -> None:
+        if self.engine is None or self._http is None:
+            raise InferenceServerError("the server is not started: call `await server.start()` first")
+
+    def resolve_model(self, name: str) -> str | None:
+        """``None`` for the base model, else the adapter name; 404 when unknown."""
+        if name in self.base_names:
+            return None
+        if self.engine.has_adapter(name):
+            return name
+        known = ", ".join(repr(n) for n in self.model_names())
+        raise OpenAIError(
+            f"The model `{name}` does not exist. Served models: {known}",
+            status=404,
+            type="not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+
+    def render_prompt(self, request: ChatRequest) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        try:
+            text = tokenizer.apply_chat_template(
+                request.messages,
+                tools=request.tools,
+                add_generation_prompt=request.add_generation_prompt,
+                tokenize=False,
+                **request.chat_template_kwargs,
+            )
+        except Exception as error:  # noqa: BLE001 - a template error is the request's fault
+            raise OpenAIError(f"the chat template failed on these messages: {error}", param="messages") from error
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def complete(self, request: ChatRequest) -> dict[str, Any]:
+        from ._engine import GenerationJob
+
+        adapter = self.resolve_model(request.model)
+        prompt_ids = self.render_prompt(request)
+        room = self.engine.max_model_len - len(prompt_ids)
+        if room <= 0:
+            raise OpenAIError(
+                f"the prompt has {len(prompt_ids)} tokens; the model's context is {self.engine.max_model_len}",
+                param="messages",
+            )
+        max_tokens = request.max_tokens or self.default_max_tokens or room
+        if max_tokens > room:
+            raise OpenAIError(
+                f"max_tokens={max_tokens} plus the {len(prompt_ids)} prompt tokens exceeds the model's "
+                f"context of {self.engine.max_model_len}",
+                param="max_tokens",
+            )
+        job = GenerationJob(
+            prompt_ids=prompt_ids,
+            adapter=adapter,
+            n=request.n,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            max_tokens=max_tokens,
+            stop=request.stop,
+            stop_token_ids=request.stop_token_ids,
+            seed=request.seed,
+            top_logprobs=request.top_logprobs,
+        )
+        results = await asyncio.wrap_future(self.engine.submit(job))
+        choices = [self._choice(index, result, request, prompt_ids) for index, result in enumerate(results)]
+        return chat_completion(
+            model=request.model,
+            prompt_token_ids=prompt_ids,
+            choices=choices,
+            completion_tokens=sum(len(r.token_ids) for r in results),
+            include_ids=request.return_token_ids,
+        )
+
+    def _choice(self, index: int, result: Any, request: ChatRequest, prompt_ids: list[int]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        finish = result.finish_reason
+        if request.parse_tools:
+            parsed = parse_tool_calls(result.text)
+            if parsed.tool_calls:
+                message = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
+                if finish != "length":
+                    finish = "tool_calls"
+        choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+        if request.logprobs:
+            text = self.engine.token_text
+            choice["logprobs"] = {
+                "content": [
+                    logprob_entry(text(token), logprob, [(text(t), lp) for t, lp in (result.top_logprobs[j] if result.top_logprobs else [])])
+                    for j, (token, logprob) in enumerate(zip(result.token_ids, result.logprobs))
+                ]
+            }
+        if request.return_token_ids:
+            choice["token_ids"] = result.token_ids
+            choice["prompt_token_ids"] = prompt_ids
+        return choice
+
+
+def build_app(server: TransformersServer) -> Any:
+    """The FastAPI app of ``server`` (OpenAI routes + vLLM's adapter routes)."""
+    app = FastAPI(title="tracerl transformers server")
+    install_error_handlers(app)
+
+    async def json_body(request: Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError as error:
+            raise OpenAIError(f"the request body is not valid JSON: {error}") from error
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        now = int(time.time())
+        data = [
+            {"id": name, "object": "model", "created": now, "owned_by": "tracerl", "root": str(server.model_path),
+             "parent": None if i == 0 else server.served_name}
+            for i, name in enumerate(server.model_names())
+        ]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await server.complete(parse_chat_request(await json_body(request)))
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Any:
+        body = await json_body(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise OpenAIError("'lora_name' and 'lora_path' are required strings", param="lora_name")
+        if server.engine.has_adapter(name) and not body.get("load_inplace", False):
+            raise OpenAIError(f"The lora adapter '{name}' has already been loaded. Pass load_inplace to replace it.",
+                              param="lora_name")
+        try:
+            await server.load_adapter(name, path)
+        except ConfigError as error:
+            raise OpenAIError(str(error), param="lora_path") from error
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Any:
+        body = await json_body(request)
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not server.engine.has_adapter(name):
+            raise OpenAIError(f"The lora adapter '{name}' cannot be found.", status=404, type="not_found_error",
+                              param="lora_name", code="model_not_found")
+        await server.unload_adapter(name)
+        return f"Success: LoRA adapter '{name}' removed successfully."
+
+    return app

@@ -1,0 +1,291 @@
+"""``LocalBackend``: train and serve a ``TrainableModel`` on this machine (CPU or GPU).
+
+``register`` resolves the base model, writes the fresh LoRA as checkpoint 0000 (or resumes
+from the newest complete checkpoint) and starts the inference server; ``train`` runs one
+GRPO step, writes checkpoint ``step+1`` atomically and hot-loads it as ``name@step+1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Literal
+
+from .base_models import resolve_base_model
+from .errors import CheckpointError, ConfigError
+from .grpo import ImportanceLevel, LossFn, equal_trajectory_weights, group_advantages
+from .model import Model, TrainableModel
+from .storage import RunDir, atomic_dir
+from .tokenization import TokenizeStats, TrainingSequence, tokenize_trajectory
+from .types import TrainResult, TrajectoryGroup
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .inference.base import InferenceServer
+    from .trainer import LoRATrainer
+
+log = logging.getLogger("tracerl")
+
+InferenceKind = Literal["auto", "vllm", "transformers"]
+LOGPROB_CORR_WARN = 0.9
+
+
+@dataclass
+class _Registered:
+    model: TrainableModel
+    run_dir: RunDir
+    model_path: Path
+    trainer: "LoRATrainer | None" = None
+    server: "InferenceServer | None" = None
+    tokenizer: Any = None
+
+
+class LocalBackend:
+    """Trains LoRAs with GRPO here and serves them through vLLM (or transformers)."""
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        inference: InferenceKind | None = "auto",
+        device: str | None = None,
+        micro_batch_tokens: int = 4096,
+        max_seq_len: int | None = 4096,
+        server_options: dict[str, Any] | None = None,
+    ) -> None:
+        """``path``: data directory (overrides the model's ``base_path``); ``inference=None`` trains without serving."""
+        if inference not in (None, "auto", "vllm", "transformers"):
+            raise ConfigError(f"inference must be 'auto', 'vllm', 'transformers' or None, got {inference!r}")
+        self.path = Path(path) if path is not None else None
+        self.inference = inference
+        self.device = device
+        self.micro_batch_tokens = micro_batch_tokens
+        self.max_seq_len = max_seq_len
+        self.server_options = dict(server_options or {})
+        self._models: dict[str, _Registered] = {}
+
+    # -- registration -------------------------------------------------------------
+    async def register(self, model: Model) -> None:
+        if not isinstance(model, TrainableModel):
+            return  # a prompted model needs no storage or serving from us
+        if self.path is not None:
+            model.base_path = self.path
+            model.run_dir = RunDir(self.path, model.project, model.name)
+        run_dir = model.run_dir
+        model_path = await asyncio.to_thread(resolve_base_model, model.base_model)
+        state = _Registered(model=model, run_dir=run_dir, model_path=model_path)
+        self._models[model.name] = state
+        run_dir.clean_partial_writes()
+        _write_model_json(run_dir, model, model_path)
+        if run_dir.latest_step() is None:
+            trainer = await asyncio.to_thread(self._trainer, state)
+            with atomic_dir(run_dir.checkpoint_path(0)) as tmp:
+                await asyncio.to_thread(trainer.save, tmp, step=0, with_optimizer=False)
+        step = run_dir.latest_step() or 0
+        model._step_cache = step
+        if self.inference is not None:
+            from .inference.base import make_server
+
+            server = make_server(self.inference, model_path, served_name=model.name, **self.server_options)
+            await server.start()
+            state.server = server
+            await server.load_adapter(model.get_inference_name(step), str(run_dir.checkpoint_path(step)))
+            model.inference_base_url = server.base_url
+            model.inference_api_key = "tracerl"
+        model.inference_model_name = model.get_inference_name(step)
+
+    def _state(self, model: Model) -> _Registered:
+        state = self._models.get(model.name)
+        if state is None or state.model is not model and state.run_dir.root != model.run_dir.root:
+            raise CheckpointError(f"model {model.name!r} is not registered with this backend: await model.register(backend)")
+        return state
+
+    def _trainer(self, state: _Registered) -> "LoRATrainer":
+        """Load the trainer lazily (resuming from the newest checkpoint's adapter and optimizer)."""
+        if state.trainer is None:
+            from .trainer import LoRASettings, LoRATrainer
+
+            latest = state.run_dir.latest_step()
+            adapter = state.run_dir.checkpoint_path(latest) if latest is not None else None
+            state.trainer = LoRATrainer(
+                state.model_path,
+                lora=LoRASettings.from_dict(state.model.lora_config),
+                adapter_path=adapter,
+                device=self.device,
+            )
+        return state.trainer
+
+    def tokenizer(self, model: Model) -> Any:
+        state = self._state(model)
+        if state.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            state.tokenizer = AutoTokenizer.from_pretrained(state.model_path)
+        return state.tokenizer
+
+    async def get_step(self, model: Model) -> int:
+        return self._state(model).run_dir.latest_step() or 0
+
+    async def delete_checkpoints(self, model: Model, keep: list[int]) -> list[int]:
+        run_dir = self._state(model).run_dir
+        latest = run_dir.latest_step()
+        deleted = []
+        for step in run_dir.checkpoint_steps():
+            if step not in keep and step != latest:
+                shutil.rmtree(run_dir.checkpoint_path(step))
+                deleted.append(step)
+        return deleted
+
+    async def close(self) -> None:
+        for state in self._models.values():
+            if state.server is not None:
+                await state.server.stop()
+                state.server = None
+            state.trainer = None
+
+    async def __aenter__(self) -> "LocalBackend":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- training -----------------------------------------------------------------
+    async def train(
+        self,
+        model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        *,
+        learning_rate: float = 5e-6,
+        loss_fn: Literal["cispo", "ppo"] = "cispo",
+        epsilon: float | None = None,
+        epsilon_high: float | None = None,
+        importance_sampling_level: Literal["token", "sequence"] = "token",
+        kl_penalty_coef: float = 0.0,
+        scale_rewards: bool = True,
+        max_grad_norm: float = 0.1,
+        allow_retokenize: bool = False,
+    ) -> TrainResult:
+        """One GRPO step on ``trajectory_groups``; returns the new step, metrics and checkpoint path.
+
+        Zero-variance groups are skipped; if none is trainable the step still advances and
+        the previous adapter is copied to the new checkpoint.  An unsupported keyword is a
+        ``TypeError`` (Python's own), never silently ignored.
+        """
+        from .trainer import StepConfig
+
+        state = self._state(model)
+        groups = list(trajectory_groups)
+        config = StepConfig(
+            learning_rate=learning_rate,
+            loss_fn=LossFn(loss_fn),
+            epsilon=epsilon,
+            epsilon_high=epsilon_high,
+            importance_level=ImportanceLevel(importance_sampling_level),
+            kl_penalty_coef=kl_penalty_coef,
+            max_grad_norm=max_grad_norm,
+        )
+        started = time.monotonic()
+        step = (state.run_dir.latest_step() or 0) + 1
+        sequences, metrics = self._prepare(state, groups, scale_rewards, allow_retokenize)
+        final = state.run_dir.checkpoint_path(step)
+        if sequences:
+            trainer = await asyncio.to_thread(self._trainer, state)
+            metrics.update(await asyncio.to_thread(self._run_step, trainer, sequences, config, state))
+            with atomic_dir(final) as tmp:
+                await asyncio.to_thread(trainer.save, tmp, step=step)
+        else:
+            previous = state.run_dir.checkpoint_path(step - 1)
+            if not previous.exists():
+                raise CheckpointError(f"checkpoint {previous} is missing; cannot advance to step {step}")
+            with atomic_dir(final) as tmp:
+                shutil.copytree(previous, tmp, dirs_exist_ok=True)
+        corr = metrics.get("sampler_trainer_prob_corr")
+        if corr is not None and corr < LOGPROB_CORR_WARN:
+            log.warning(
+                "sampler and trainer token probabilities disagree (correlation %.3f < %.2f): "
+                "the served model may not match the trained one (dtype, template, adapter not loaded?)",
+                corr,
+                LOGPROB_CORR_WARN,
+            )
+        model._step_cache = step
+        if state.server is not None:
+            await state.server.load_adapter(model.get_inference_name(step), str(final))
+        model.inference_model_name = model.get_inference_name(step)
+        metrics["step_seconds"] = time.monotonic() - started
+        return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
+
+    def _prepare(
+        self, state: _Registered, groups: list[TrajectoryGroup], scale_rewards: bool, allow_retokenize: bool
+    ) -> tuple[list[TrainingSequence], dict[str, float]]:
+        """Advantages per group, then tokenization of the trainable groups' trajectories."""
+        stats = TokenizeStats()
+        sequences: list[TrainingSequence] = []
+        trainable_groups = 0
+        trajectory_index = 0
+        for g, group in enumerate(groups):
+            advantages, trainable = group_advantages(group.rewards, scale_rewards=scale_rewards)
+            if not trainable:
+                trajectory_index += len(group.trajectories)
+                continue
+            trainable_groups += 1
+            tokenizer = self.tokenizer(state.model)
+            for trajectory, advantage in zip(group.trajectories, advantages):
+                for seq in tokenize_trajectory(
+                    trajectory,
+                    tokenizer,
+                    trajectory_index=trajectory_index,
+                    group_index=g,
+                    allow_retokenize=allow_retokenize,
+                    stats=stats,
+                    max_seq_len=self.max_seq_len,
+                ):
+                    seq.advantage = advantage
+                    sequences.append(seq)
+                trajectory_index += 1
+        metrics = {
+            "num_groups": float(len(groups)),
+            "num_groups_trainable": float(trainable_groups),
+            "num_trajectories": float(sum(len(g.trajectories) for g in groups)),
+            "num_sequences": float(len(sequences)),
+            **stats.metrics(),
+        }
+        return sequences, metrics
+
+    def _run_step(
+        self, trainer: "LoRATrainer", sequences: list[TrainingSequence], config: Any, state: _Registered
+    ) -> dict[str, float]:
+        from .packing import pack_sequences
+
+        per_trajectory: dict[int, int] = {}
+        for seq in sequences:
+            per_trajectory[seq.trajectory_index] = per_trajectory.get(seq.trajectory_index, 0) + seq.num_trainable
+        keys = sorted(per_trajectory)
+        weight_of = dict(zip(keys, equal_trajectory_weights([per_trajectory[k] for k in keys])))
+        pad = self.tokenizer(state.model).pad_token_id or 0
+        batches = pack_sequences(
+            sequences, [weight_of[s.trajectory_index] for s in sequences], max_tokens=self.micro_batch_tokens, pad_token_id=pad
+        )
+        return trainer.step(batches, config)
+
+
+def _write_model_json(run_dir: RunDir, model: TrainableModel, model_path: Path) -> None:
+    data = {
+        "name": model.name,
+        "project": model.project,
+        "base_model": model.base_model,
+        "resolved_base_model": str(model_path),
+        "lora_config": model.lora_config,
+    }
+    path = run_dir.root / "model.json"
+    if path.exists():
+        previous = json.loads(path.read_text())
+        if previous.get("base_model") != model.base_model:
+            raise ConfigError(
+                f"{run_dir.root} was trained from base_model {previous.get('base_model')!r}, not {model.base_model!r}: "
+                "use another model name or delete that directory"
+            )
+    run_dir.write_json(path, data)

@@ -1,0 +1,222 @@
+"""Trajectories → training sequences, token-in/token-out.
+
+Every sampled turn (a :class:`~tracerl.types.Choice`) contributes its exact completion
+token ids with weight 1 and its sampler logprobs; prompt, context and tool-result tokens
+get weight 0.  Multi-turn histories are built **append-only**: a turn's prompt ids must
+extend the sequence built so far.  When they do not (a chat template that rewrites
+history, re-renders tool calls, drops reasoning...), the current sequence is closed, a new
+one starts, and the break is counted by cause.  Turns without token ids are retokenized
+with the chat template only when the caller allows it, and that is counted too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from .errors import TrajectoryError
+from .types import Choice, History, Message, Tool, Trajectory
+
+NAN = float("nan")
+
+
+class ChatTokenizer(Protocol):
+    """The part of a Hugging Face tokenizer we use."""
+
+    eos_token_id: int | None
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+    def __call__(self, text: str, **kwargs: Any) -> Any: ...
+
+
+@dataclass
+class TrainingSequence:
+    """One row of training data: token ids with per-token weight and sampler logprob.
+
+    ``weights[i] == 1`` means token ``i`` was sampled by the policy and is trained on.
+    """
+
+    token_ids: list[int]
+    weights: list[float]
+    old_logprobs: list[float]
+    trajectory_index: int
+    group_index: int
+    advantage: float = 0.0
+
+    @property
+    def num_trainable(self) -> int:
+        return int(sum(1 for w in self.weights if w > 0))
+
+
+@dataclass
+class TokenizeStats:
+    """What tokenization had to do; reported in the step metrics."""
+
+    breaks: Counter[str] = field(default_factory=Counter)
+    retokenized_turns: int = 0
+    rendered_prompts: int = 0
+    logprob_length_mismatches: int = 0
+    truncated_sequences: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"sequence_breaks/{cause}": float(n) for cause, n in sorted(self.breaks.items())}
+        out["sequence_breaks/total"] = float(sum(self.breaks.values()))
+        out["retokenized_turns"] = float(self.retokenized_turns)
+        out["rendered_prompts"] = float(self.rendered_prompts)
+        out["logprob_length_mismatches"] = float(self.logprob_length_mismatches)
+        out["truncated_sequences"] = float(self.truncated_sequences)
+        return out
+
+
+def render_ids(
+    tokenizer: ChatTokenizer, messages: Sequence[Message], tools: list[Tool] | None, *, add_generation_prompt: bool
+) -> list[int]:
+    """Render ``messages`` with the model's own chat template and tokenize the text."""
+    text = tokenizer.apply_chat_template(
+        list(messages), tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _break_cause(sequence: list[int], weights: list[float], prompt: list[int]) -> str:
+    if len(prompt) < len(sequence) and prompt == sequence[: len(prompt)]:
+        return "prompt_shorter_than_history"
+    limit = min(len(sequence), len(prompt))
+    first_diff = next((i for i in range(limit) if sequence[i] != prompt[i]), limit)
+    if first_diff < len(sequence) and weights[first_diff] > 0:
+        return "sampled_tokens_rerendered"
+    return "context_rewritten"
+
+
+class _SequenceBuilder:
+    """Builds the append-only sequences of one history."""
+
+    def __init__(self, trajectory_index: int, group_index: int, stats: TokenizeStats) -> None:
+        self.ids: list[int] = []
+        self.weights: list[float] = []
+        self.logprobs: list[float] = []
+        self.done: list[TrainingSequence] = []
+        self.trajectory_index = trajectory_index
+        self.group_index = group_index
+        self.stats = stats
+
+    def add_turn(self, prompt: list[int], completion: list[int], logprobs: list[float] | None) -> None:
+        if self.ids and prompt[: len(self.ids)] != self.ids:
+            self.stats.breaks[_break_cause(self.ids, self.weights, prompt)] += 1
+            self.close()
+        start = len(self.ids)
+        self.ids.extend(prompt[start:])
+        self.weights.extend([0.0] * (len(prompt) - start))
+        self.logprobs.extend([NAN] * (len(prompt) - start))
+        if logprobs is not None and len(logprobs) != len(completion):
+            self.stats.logprob_length_mismatches += 1
+            logprobs = None
+        self.ids.extend(completion)
+        self.weights.extend([1.0] * len(completion))
+        self.logprobs.extend(logprobs if logprobs is not None else [NAN] * len(completion))
+
+    def close(self) -> None:
+        if any(w > 0 for w in self.weights):
+            self.done.append(
+                TrainingSequence(self.ids, self.weights, self.logprobs, self.trajectory_index, self.group_index)
+            )
+        self.ids, self.weights, self.logprobs = [], [], []
+
+
+def _completion_ids(
+    tokenizer: ChatTokenizer,
+    choice: Choice,
+    context: list[Message],
+    tools: list[Tool] | None,
+    prompt: list[int],
+    where: str,
+    allow_retokenize: bool,
+    stats: TokenizeStats,
+) -> tuple[list[int], list[float] | None]:
+    if choice.token_ids is not None:
+        return list(choice.token_ids), choice.logprobs
+    if not allow_retokenize:
+        raise TrajectoryError(
+            f"{where}: a sampled assistant turn carries no token ids. Sample from a tracerl-served model "
+            "(token ids are requested automatically), or pass allow_retokenize=True to rebuild them from "
+            "the chat template (an approximation; it is reported in the step metrics)."
+        )
+    full = render_ids(tokenizer, [*context, choice.message], tools, add_generation_prompt=False)
+    if full[: len(prompt)] != prompt:
+        raise TrajectoryError(f"{where}: the chat template renders this turn's prompt differently when retokenizing")
+    completion = full[len(prompt) :]
+    eos = tokenizer.eos_token_id
+    if eos is not None and eos in completion:  # keep the stop token, drop the separator after it
+        completion = completion[: len(completion) - completion[::-1].index(eos)]
+    stats.retokenized_turns += 1
+    return completion, None
+
+
+def tokenize_history(
+    history: History,
+    tokenizer: ChatTokenizer,
+    *,
+    trajectory_index: int = 0,
+    group_index: int = 0,
+    allow_retokenize: bool = False,
+    stats: TokenizeStats | None = None,
+    where: str = "trajectory",
+) -> list[TrainingSequence]:
+    """Append-only sequences of one history (a new sequence at each prefix break)."""
+    stats = stats if stats is not None else TokenizeStats()
+    builder = _SequenceBuilder(trajectory_index, group_index, stats)
+    context: list[Message] = []
+    for turn, item in enumerate(history.messages_and_choices):
+        if not isinstance(item, Choice):
+            context.append(item)
+            continue
+        turn_where = f"{where}, item {turn}"
+        prompt = item.prompt_token_ids
+        if prompt is None:
+            prompt = render_ids(tokenizer, context, history.tools, add_generation_prompt=True)
+            stats.rendered_prompts += 1
+        completion, logprobs = _completion_ids(
+            tokenizer, item, context, history.tools, list(prompt), turn_where, allow_retokenize, stats
+        )
+        builder.add_turn(list(prompt), completion, logprobs)
+        context.append(item.message)
+    builder.close()
+    return builder.done
+
+
+def tokenize_trajectory(
+    trajectory: Trajectory,
+    tokenizer: ChatTokenizer,
+    *,
+    trajectory_index: int = 0,
+    group_index: int = 0,
+    allow_retokenize: bool = False,
+    stats: TokenizeStats | None = None,
+    max_seq_len: int | None = None,
+) -> list[TrainingSequence]:
+    """All sequences of a trajectory: its main history and every additional history."""
+    stats = stats if stats is not None else TokenizeStats()
+    sequences: list[TrainingSequence] = []
+    for h, history in enumerate(trajectory.histories()):
+        where = f"group {group_index}, trajectory {trajectory_index} ({trajectory.id}), history {h}"
+        sequences += tokenize_history(
+            history,
+            tokenizer,
+            trajectory_index=trajectory_index,
+            group_index=group_index,
+            allow_retokenize=allow_retokenize,
+            stats=stats,
+            where=where,
+        )
+    if max_seq_len is not None:
+        for seq in sequences:
+            if len(seq.token_ids) > max_seq_len:
+                stats.truncated_sequences += 1
+                seq.token_ids, seq.weights = seq.token_ids[:max_seq_len], seq.weights[:max_seq_len]
+                seq.old_logprobs = seq.old_logprobs[:max_seq_len]
+        sequences = [s for s in sequences if s.num_trainable > 0]
+    return sequences
+
+
