@@ -8,13 +8,14 @@ GRPO step, writes checkpoint ``step+1`` atomically and hot-loads it as ``name@st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Literal
 
 from .base_models import resolve_base_model
 from .errors import CheckpointError, ConfigError
@@ -194,7 +195,8 @@ class LocalBackend:
         final = state.run_dir.checkpoint_path(step)
         if sequences:
             trainer = await asyncio.to_thread(self._trainer, state)
-            metrics.update(await asyncio.to_thread(self._run_step, trainer, sequences, config, state))
+            async with _serving_paused(state.server):  # two cores: don't generate and train at once
+                metrics.update(await asyncio.to_thread(self._run_step, trainer, sequences, config, state))
             with atomic_dir(final) as tmp:
                 await asyncio.to_thread(trainer.save, tmp, step=step)
         else:
@@ -270,6 +272,20 @@ class LocalBackend:
             sequences, [weight_of[s.trajectory_index] for s in sequences], max_tokens=self.micro_batch_tokens, pad_token_id=pad
         )
         return trainer.step(batches, config)
+
+
+@contextlib.asynccontextmanager
+async def _serving_paused(server: Any) -> AsyncIterator[None]:
+    """Hold generation while training when the server can pause (the in-process transformers server)."""
+    pause, resume = getattr(server, "pause", None), getattr(server, "resume", None)
+    if pause is None or resume is None:
+        yield
+        return
+    await pause()
+    try:
+        yield
+    finally:
+        await resume()
 
 
 def _write_model_json(run_dir: RunDir, model: TrainableModel, model_path: Path) -> None:

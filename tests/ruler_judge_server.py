@@ -5,7 +5,8 @@ It stands in for a hosted judge model in the RULER tests: a real HTTP server on
 that answers ``POST /v1/chat/completions`` with a scripted reply and counts requests.
 
 A *script* is a function ``(request_json, n_call) -> str | dict``: a ``str`` becomes the
-assistant message content; a ``dict`` is ``{"status": int, "body": {...}}`` for an error.
+assistant message content; ``{"content": str, "finish_reason": str}`` sets both; any other
+``dict`` is ``{"status": int, "body": {...}}``, an error reply.
 Helpers below build the usual judges: by content, by position, and malformed ones.
 """
 
@@ -113,6 +114,9 @@ class JudgeServer:
             self.requests.append(body)
             n_call = len(self.requests)
         out = self.script(body, n_call)
+        finish_reason = "stop"
+        if isinstance(out, dict) and "content" in out:
+            out, finish_reason = out["content"], out.get("finish_reason", "stop")
         if isinstance(out, dict):
             return int(out.get("status", 500)), out.get("body", {"error": {"message": "scripted error"}})
         prompt_tokens, completion_tokens = self.usage
@@ -125,7 +129,7 @@ class JudgeServer:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": out},
-                    "finish_reason": "stop",
+                    "finish_reason": finish_reason,
                     "logprobs": None,
                 }
             ],

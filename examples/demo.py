@@ -1,0 +1,225 @@
+"""`make demo`: teach SmolLM2-135M to use a calculator tool, with GRPO, on a laptop CPU.
+
+The agent is asked to compute A + B (three-digit numbers), an ``add`` tool, and two turns: it
+should call the tool, read the tool result, and answer with the number.  The reward is
+verifiable (no judge): up to 0.3 for writing the pieces of a tool call, +0.3 for a call the
+server parses as ``add``, +0.2 for the right arguments, +0.2 for a final answer that contains
+the right sum (see :func:`score_call`).
+
+The loop is the ART-style one: register the model with a ``LocalBackend`` (vLLM when it is
+installed, else the transformers server), gather groups of rollouts, ``backend.train``,
+``model.log``.  Held-out tasks are evaluated greedily every few steps; at the end a reward
+curve (train and held-out) is saved as a PNG.  Killing the run and starting it again
+resumes from the newest complete checkpoint and ends with the same number of steps.
+
+    python examples/demo.py --steps 20 --inference auto --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import time
+from pathlib import Path
+
+import tracerl
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers and return the sum.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+SYSTEM = (
+    "You are a calculator agent. You never compute in your head and never answer in words first. "
+    "To add two numbers you call the add tool, and your reply starts and ends with the tool-call tags, e.g.\n"
+    '<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": 30}}\n</tool_call>\n'
+    "After the tool result arrives, you reply with only the resulting number."
+)
+# measured on the base model at T=1: ~9% of replies to this prompt contain the tool-call tag
+# (a plain "What is A + B?" gets ~0-3%): GRPO needs some variance in the group to start
+USER = "Call the add tool to compute {a} + {b}."
+
+
+def make_tasks(seed: int, n: int) -> list[dict[str, int]]:
+    rng = random.Random(seed)
+    return [{"a": rng.randint(100, 999), "b": rng.randint(100, 999)} for _ in range(n)]
+
+
+def format_pieces(task: dict[str, int]) -> list[str]:
+    return ["<tool_call>", '"name": "add"', '"arguments"', str(task["a"]), str(task["b"]), "</tool_call>"]
+
+
+def score_call(choice: tracerl.Choice, task: dict[str, int]) -> tuple[float, bool]:
+    """Reward for the first turn (max 0.8), and whether the call was right (so the tool can answer).
+
+    0.3 × the share of the call's pieces present in the reply (the tag, the tool name, the
+    arguments key, both numbers, the closing tag) — shaping that gives almost every group some
+    reward variance to learn from — +0.3 for a call the server parses as ``add``, +0.2 for the
+    right arguments.
+    """
+    text = choice.message.get("content") or ""
+    calls = choice.message.get("tool_calls") or []
+    if calls:  # the server parsed the call out of the text: rebuild what was written
+        text += "".join(
+            f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}\n</tool_call>'
+            for c in calls
+        )
+    pieces = format_pieces(task)
+    reward = 0.3 * sum(piece in text for piece in pieces) / len(pieces)
+    if not calls or calls[0]["function"]["name"] != "add":
+        return reward, False
+    reward += 0.3
+    try:
+        args = json.loads(calls[0]["function"]["arguments"])
+    except json.JSONDecodeError:
+        return reward, False
+    if isinstance(args, dict) and args.get("a") == task["a"] and args.get("b") == task["b"]:
+        return reward + 0.2, True
+    return reward, False
+
+
+async def rollout(model: tracerl.TrainableModel, task: dict[str, int], *, temperature: float, seed: int | None) -> tracerl.Trajectory:
+    """One multi-turn attempt: tool call, tool result, final answer."""
+    client = model.openai_client()
+    messages: list = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER.format(**task)}]
+    trajectory = tracerl.Trajectory(messages_and_choices=list(messages), tools=[ADD_TOOL], metadata=dict(task))
+
+    async def turn(max_tokens: int) -> tracerl.Choice:
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(),
+            messages=trajectory.messages(),
+            tools=[ADD_TOOL],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            logprobs=True,
+            seed=seed,
+            extra_body={"return_token_ids": True},
+        )
+        choice = tracerl.Choice.from_openai(completion.choices[0], completion)
+        trajectory.messages_and_choices.append(choice)
+        return choice
+
+    first = await turn(40)
+    reward, call_ok = score_call(first, task)
+    trajectory.metrics["tool_call_ok"] = float(call_ok)
+    if call_ok:
+        call = first.message["tool_calls"][0]
+        result = str(task["a"] + task["b"])
+        trajectory.messages_and_choices.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        answer = await turn(12)
+        answered = re.search(rf"\b{result}\b", answer.message.get("content") or "") is not None
+        reward += 0.2 if answered else 0.0
+        trajectory.metrics["answer_ok"] = float(answered)
+    else:
+        trajectory.metrics["answer_ok"] = 0.0
+    trajectory.reward = reward
+    return trajectory
+
+
+async def evaluate(model: tracerl.TrainableModel, tasks: list[dict[str, int]]) -> list[tracerl.TrajectoryGroup]:
+    """Greedy held-out evaluation (one rollout per task)."""
+    trajectories = await tracerl.gather_trajectories(
+        (rollout(model, t, temperature=0.0, seed=0) for t in tasks), pbar_desc="held-out", max_exceptions=len(tasks)
+    )
+    return [tracerl.TrajectoryGroup([t]) for t in trajectories]
+
+
+def already_logged(model: tracerl.Model, split: str, step: int) -> bool:
+    return any(row.get("step") == step and f"{split}/reward" in row for row in model.history())
+
+
+async def main(args: argparse.Namespace) -> None:
+    train_tasks = make_tasks(args.seed, 400)
+    val_tasks = make_tasks(10_000 + args.seed, args.val_tasks)
+    model = tracerl.TrainableModel(
+        f"calculator-s{args.seed}",
+        "demo",
+        args.base_model,
+        base_path=args.data,
+        lora_config={"r": 16, "alpha": 32},
+    )
+    backend = tracerl.LocalBackend(inference=args.inference)
+    started = time.monotonic()
+    await model.register(backend)
+    print(f"serving {model.get_inference_name()} at {model.inference_base_url} ({time.monotonic() - started:.0f}s)")
+    try:
+        step = await model.get_step()
+        if not already_logged(model, "val", step):
+            await model.log(await evaluate(model, val_tasks), split="val", step=step)
+        for batch in tracerl.iterate_dataset(train_tasks, groups_per_step=args.groups_per_step, num_epochs=100, initial_step=step, use_tqdm=False):
+            if batch.step >= args.steps:
+                break
+            if time.monotonic() - started > args.max_minutes * 60:
+                print(f"time budget of {args.max_minutes} min reached at step {batch.step}")
+                break
+            groups = await tracerl.gather_trajectory_groups(
+                (
+                    tracerl.TrajectoryGroup(
+                        rollout(model, task, temperature=1.0, seed=args.seed * 1_000_003 + batch.step * 997 + g * 31 + i)
+                        for i in range(args.rollouts)
+                    )
+                    for g, task in enumerate(batch.items)
+                ),
+                pbar_desc=f"step {batch.step + 1}/{args.steps}",
+                max_exceptions=0.25,
+            )
+            result = await backend.train(model, groups, learning_rate=args.lr)
+            await model.log(groups, split="train", metrics=result.metrics, step=result.step)
+            elapsed = time.monotonic() - started
+            print(
+                f"step {result.step}/{args.steps}  train reward {sum(t.reward for g in groups for t in g) / sum(len(g) for g in groups):.3f}"
+                f"  trainable groups {result.metrics['num_groups_trainable']:.0f}/{len(groups)}"
+                f"  {result.metrics['step_seconds']:.0f}s train  {elapsed / 60:.1f} min elapsed",
+                flush=True,
+            )
+            if result.step % args.eval_every == 0 or result.step == args.steps:
+                val = await evaluate(model, val_tasks)
+                row = await model.log(val, split="val", step=result.step)
+                print(f"held-out reward at step {result.step}: {row['val/reward']:.3f}", flush=True)
+        final = await model.get_step()
+        if not already_logged(model, "val", final):
+            await model.log(await evaluate(model, val_tasks), split="val", step=final)
+    finally:
+        await backend.close()
+    summarize(model, args)
+
+
+def summarize(model: tracerl.TrainableModel, args: argparse.Namespace) -> None:
+    from tracerl.plots import plot_history
+
+    rows = model.history()
+    val = [(r["step"], r["val/reward"]) for r in rows if "val/reward" in r]
+    out = plot_history(rows, ["train/reward", "val/reward"], Path(args.plot), title=f"calculator agent, seed {args.seed}")
+    print(f"held-out reward: start {val[0][1]:.3f} (step {val[0][0]}) -> end {val[-1][1]:.3f} (step {val[-1][0]})")
+    print(f"reward curve: {out}   history: {model.run_dir.history_path}")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inference", choices=["auto", "vllm", "transformers"], default="auto")
+    p.add_argument("--base-model", default="smollm2-135m")
+    p.add_argument("--groups-per-step", type=int, default=2)
+    p.add_argument("--rollouts", type=int, default=8, help="rollouts per group")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--val-tasks", type=int, default=16)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--max-minutes", type=float, default=20.0)
+    p.add_argument("--data", default=".tracerl")
+    p.add_argument("--plot", default="docs/demo_reward_curve.png")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -1,0 +1,177 @@
+"""Public API surface, light import, run-directory safety, logging, gather, dataset and retry."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+import tracerl
+from tracerl.storage import RunDir, atomic_dir
+
+EXPECTED_ALL = {
+    "Backend", "CheckpointError", "Choice", "ConfigError", "DatasetBatch", "ExceptionRecord", "History",
+    "InferenceServerError", "JudgeError", "LocalBackend", "Model", "TooManyExceptionsError", "TracerlError",
+    "TrainResult", "TrainableModel", "Trajectory", "TrajectoryError", "TrajectoryGroup", "gather_trajectories",
+    "gather_trajectory_groups", "iterate_dataset", "retry",
+}
+
+
+def test_public_api_is_pinned():
+    assert set(tracerl.__all__) == EXPECTED_ALL
+    for name in tracerl.__all__:
+        assert getattr(tracerl, name) is not None
+
+
+def test_import_is_light():
+    code = "import tracerl, sys; bad = {'torch', 'transformers', 'vllm', 'peft', 'litellm'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_help_explains_every_command():
+    out = subprocess.run([sys.executable, "-m", "tracerl.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    for command in ("prepare-model", "models", "history", "plot", "install-vllm"):
+        assert command in out
+
+
+def test_errors_inherit_the_stdlib_error_they_replace():
+    assert issubclass(tracerl.ConfigError, ValueError) and issubclass(tracerl.ConfigError, tracerl.TracerlError)
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "x" * 200, "a\\b", "..", "/abs"])
+def test_names_that_escape_the_data_directory_are_rejected(bad, tmp_path):
+    with pytest.raises(tracerl.ConfigError, match="invalid"):
+        tracerl.TrainableModel(bad, "p", "smollm2-135m", base_path=tmp_path)
+    with pytest.raises(tracerl.ConfigError):
+        tracerl.Model("ok", bad, base_path=tmp_path)
+
+
+def test_unknown_train_keyword_is_a_type_error(tmp_path):
+    backend = tracerl.LocalBackend(inference=None)
+    model = tracerl.TrainableModel("m", "p", "smollm2-135m", base_path=tmp_path)
+    with pytest.raises(TypeError, match="beta"):
+        asyncio.run(backend.train(model, [], beta=0.1))
+
+
+def test_unknown_hub_model_fails_with_guidance(monkeypatch):
+    from tracerl.base_models import resolve_base_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(tracerl.ConfigError, match="smollm2-135m"):
+        resolve_base_model("someone/not-a-real-model-xyz")
+
+
+def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
+    run = RunDir(tmp_path, "p", "m")
+    with pytest.raises(RuntimeError):
+        with atomic_dir(run.checkpoint_path(1)) as tmp:
+            (tmp / "adapter_model.safetensors").write_text("half")
+            raise RuntimeError("killed")
+    assert run.checkpoint_steps() == [] and not any(run.checkpoints.iterdir())
+
+
+def test_history_skips_a_torn_last_line(tmp_path):
+    run = RunDir(tmp_path, "p", "m")
+    run.append_history({"step": 1, "train/reward": 0.5})
+    with open(run.history_path, "a") as f:
+        f.write('{"step": 2, "train/rew')
+    assert run.read_history() == [{"step": 1, "train/reward": 0.5}]
+
+
+def _t(reward, **metrics):
+    return tracerl.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=reward, metrics=metrics)
+
+
+def test_log_aggregates_and_writes_history(tmp_path):
+    model = tracerl.Model("judge", "p", base_path=tmp_path)
+    groups = [tracerl.TrajectoryGroup([_t(1.0, correct=1), _t(0.0, correct=0)]), tracerl.TrajectoryGroup([_t(0.5), ValueError("boom")])]
+    row = asyncio.run(model.log(groups, split="val", metrics={"loss": 0.25}, step=7))
+    assert row["step"] == 7 and row["val/reward"] == pytest.approx(0.5)
+    assert row["val/correct"] == pytest.approx(0.5) and row["val/exception_rate"] == pytest.approx(0.25)
+    assert row["val/loss"] == 0.25 and row["val/reward_std_dev"] == pytest.approx(0.5)
+    assert model.history()[-1] == row
+    assert len(model.run_dir.trajectories_path("val", 7).read_text().splitlines()) == 3
+
+
+def test_best_checkpoint_is_kept(tmp_path):
+    from tracerl.model import best_step
+
+    assert best_step([{"step": 1, "val/reward": 0.2}, {"step": 2, "val/reward": 0.9}, {"step": 3, "val/reward": 0.4}], "val/reward") == 2
+    assert best_step([{"step": 1}], "val/reward") is None
+
+
+async def _rollout(reward, fail=False):
+    await asyncio.sleep(0.001)
+    if fail:
+        raise RuntimeError("tool server died")
+    return _t(reward, turns=2)
+
+
+async def test_gather_keeps_exceptions_as_values_and_runs_after_each():
+    seen = []
+
+    async def after_each(group):
+        seen.append(len(group))
+        return None if len(group) == 1 else group
+
+    groups = await tracerl.gather_trajectory_groups(
+        [
+            tracerl.TrajectoryGroup(_rollout(r) for r in (0.0, 1.0)),
+            tracerl.TrajectoryGroup([_rollout(1.0), _rollout(0.0, fail=True)]),
+        ],
+        max_exceptions=1,
+        after_each=after_each,
+        pbar_desc=None,
+    )
+    assert len(groups) == 1 and groups.metrics["groups_dropped"] == 1 and groups.metrics["exceptions"] == 1
+    assert sorted(seen) == [1, 2]
+
+
+async def test_gather_raises_past_max_exceptions():
+    with pytest.raises(tracerl.TooManyExceptionsError, match="tool server died"):
+        await tracerl.gather_trajectory_groups([tracerl.TrajectoryGroup([_rollout(0, fail=True)])], pbar_desc=None)
+
+
+async def test_gather_trajectories_flat():
+    out = await tracerl.gather_trajectories([_rollout(1.0), _rollout(0, fail=True)], max_exceptions=0.5, pbar_desc=None)
+    assert isinstance(out[0], tracerl.Trajectory) and isinstance(out[1], tracerl.ExceptionRecord)
+
+
+def test_iterate_dataset_resumes_exactly():
+    items = list(range(10))
+    full = [b for b in tracerl.iterate_dataset(items, groups_per_step=3, num_epochs=2, use_tqdm=False)]
+    assert [b.step for b in full] == list(range(8)) and full[4].epoch == 1
+    resumed = list(tracerl.iterate_dataset(items, groups_per_step=3, num_epochs=2, initial_step=5, use_tqdm=False))
+    assert [(b.step, b.items) for b in resumed] == [(b.step, b.items) for b in full[5:]]
+    assert sorted(i for b in full[:4] for i in b.items) == items
+
+
+async def test_retry_sync_and_async():
+    calls = []
+
+    @tracerl.retry(max_attempts=3, delay=0.0)
+    async def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("again")
+        return "ok"
+
+    assert await flaky() == "ok" and len(calls) == 3
+
+    @tracerl.retry(max_attempts=2, delay=0.0, exceptions=(KeyError,))
+    def never():
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        never()
+
+
+def test_litellm_params_and_inference_name(tmp_path):
+    model = tracerl.TrainableModel("agent", "p", "smollm2-135m", base_path=tmp_path)
+    assert model.get_inference_name(4) == "agent@4" and model.get_inference_name() == "agent@0"
+    model.inference_base_url = "http://127.0.0.1:9/v1"
+    params = model.litellm_completion_params(step=2)
+    assert params["model"] == "hosted_vllm/agent@2" and params["base_url"].endswith("/v1")
+    assert model.openai_client() is model.openai_client()
