@@ -25,6 +25,8 @@ from .retry import retry
 from .types import Choice, DatasetBatch, ExceptionRecord, History, TrainResult, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tracerl.integrations import rollout, trajectory, trajectory_group
+
     from .local_backend import LocalBackend
 
 __version__ = "0.1.0"
@@ -52,9 +54,17 @@ __all__ = [
     "gather_trajectory_groups",
     "iterate_dataset",
     "retry",
+    "rollout",
+    "trajectory",
+    "trajectory_group",
 ]
 
-_LAZY = {"LocalBackend": ".local_backend"}
+_LAZY = {
+    "LocalBackend": "tracerl.local_backend",
+    "rollout": "tracerl.integrations",
+    "trajectory": "tracerl.integrations",
+    "trajectory_group": "tracerl.integrations",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -62,7 +72,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'tracerl' has no attribute {name!r}")

@@ -89,12 +89,14 @@ def policy_loss(
     normalizer: float | None = None,
     ref_logprobs_BT: torch.Tensor | None = None,
     kl_penalty_coef: float = 0.0,
+    sequence_ids_BT: torch.Tensor | None = None,
 ) -> LossOutput:
     """The GRPO policy loss on trained tokens (``weights_BT > 0``).
 
     ``old_logprobs_BT`` holds the sampler's logprobs; NaN where unknown, in which case the
     ratio is 1 for that token.  ``normalizer`` is the number of trained tokens of the
-    *whole* step (so micro-batch losses add up to the full-batch loss).
+    *whole* step (so micro-batch losses add up to the full-batch loss).  For sequence-level
+    ratios, a sequence is a row, or the tokens sharing an id in ``sequence_ids_BT``.
     """
     loss_fn = LossFn(loss_fn)
     level = ImportanceLevel(importance_level)
@@ -110,9 +112,7 @@ def policy_loss(
     old = torch.where(torch.isnan(old_logprobs_BT), logprobs_BT.detach(), old_logprobs_BT)
     log_ratio = (logprobs_BT - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if level is ImportanceLevel.SEQUENCE:
-        counts_B = mask_BT.sum(dim=1).clamp(min=1)
-        seq_log_ratio_B = (log_ratio * mask_BT).sum(dim=1) / counts_B
-        log_ratio = seq_log_ratio_B[:, None].expand_as(log_ratio)
+        log_ratio = _sequence_mean(log_ratio, mask_BT, sequence_ids_BT)
     ratio = torch.exp(log_ratio)
     clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     if loss_fn is LossFn.PPO:
@@ -139,6 +139,19 @@ def policy_loss(
         tokens=float(mask_BT.sum()),
         kl_sum=kl_sum,
     )
+
+
+def _sequence_mean(values: torch.Tensor, mask: torch.Tensor, sequence_ids: torch.Tensor | None) -> torch.Tensor:
+    """Each token's value replaced by the mean over the trained tokens of its sequence."""
+    if sequence_ids is None:
+        counts = mask.sum(dim=-1, keepdim=True).clamp(min=1)
+        return ((values * mask).sum(dim=-1, keepdim=True) / counts).expand_as(values)
+    ids = sequence_ids.reshape(-1)
+    flat, flat_mask = values.reshape(-1), mask.reshape(-1).to(values.dtype)
+    size = int(ids.max()) + 1 if ids.numel() else 0
+    sums = torch.zeros(size, dtype=values.dtype, device=values.device).index_add(0, ids, flat * flat_mask)
+    counts = torch.zeros(size, dtype=values.dtype, device=values.device).index_add(0, ids, flat_mask).clamp(min=1)
+    return (sums / counts)[ids].reshape(values.shape)
 
 
 def _chunk_logprobs(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, targets_C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

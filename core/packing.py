@@ -1,8 +1,17 @@
-"""Training sequences → padded micro-batches of tensors, sized by a token budget.
+"""Training sequences → packed micro-batches that share each group's common prompt.
 
-Rows are sorted by length so padding stays small; each micro-batch holds at most
-``max_tokens`` padded tokens (a single longer row still gets its own micro-batch).
-Targets are the next tokens; every per-token array is aligned with the targets.
+The sequences of one group usually start with the same long prompt (system message, tool
+schemas, task).  Instead of computing it once per sequence, a row holds the shared prefix
+once followed by every sequence's own suffix::
+
+    [ shared prefix | suffix 1 | suffix 2 | ... ]
+
+A 4-D attention mask lets each suffix see the prefix and itself, never a sibling, and
+position ids restart after the prefix for every suffix, so each token sees exactly the
+context it had when it was sampled.  Only the positions that predict a trained token are
+sent through the LM head (``rows_N`` / ``positions_N``), so padding and context tokens cost
+no vocabulary projection.  Rows are then grouped into micro-batches of at most
+``max_tokens`` padded tokens.
 """
 
 from __future__ import annotations
@@ -14,20 +23,74 @@ import torch
 
 from .tokenization import TrainingSequence
 
+MASKED = torch.finfo(torch.float32).min
+
 
 @dataclass
 class MicroBatch:
     input_ids_BT: torch.Tensor
-    attention_mask_BT: torch.Tensor
-    targets_BT: torch.Tensor
-    weights_BT: torch.Tensor
-    """Per-target weight: 0 for context/padding, the trajectory weight for sampled tokens."""
-    advantages_BT: torch.Tensor
-    old_logprobs_BT: torch.Tensor
+    position_ids_BT: torch.Tensor
+    attention_mask_B1TT: torch.Tensor
+    """Additive mask: 0 where attention is allowed, a large negative number elsewhere."""
+    rows_N: torch.Tensor
+    """For each trained token: the row holding the hidden state that predicts it ..."""
+    positions_N: torch.Tensor
+    """... and that hidden state's position in the row."""
+    targets_N: torch.Tensor
+    weights_N: torch.Tensor
+    advantages_N: torch.Tensor
+    old_logprobs_N: torch.Tensor
+    sequence_ids_N: torch.Tensor
+    """Index of the training sequence each token belongs to (for sequence-level ratios)."""
+    num_tokens: int
+    """Real (non-padding) tokens in the micro-batch."""
 
     @property
-    def num_tokens(self) -> int:
-        return int(self.attention_mask_BT.sum())
+    def num_trained(self) -> int:
+        return int(self.targets_N.numel())
+
+
+@dataclass
+class _Row:
+    prefix: list[int]
+    members: list[int]  # indices into the sequence list
+
+    def length(self, sequences: Sequence[TrainingSequence]) -> int:
+        p = len(self.prefix)
+        return p + sum(len(sequences[i].token_ids) - p for i in self.members)
+
+
+def _common_prefix_length(sequences: Sequence[TrainingSequence], members: list[int]) -> int:
+    if len(members) < 2:
+        return 0
+    first = sequences[members[0]].token_ids
+    limit = min(len(sequences[i].token_ids) for i in members) - 1  # every suffix keeps >= 1 token
+    n = 0
+    while n < limit and all(sequences[i].token_ids[n] == first[n] for i in members[1:]):
+        n += 1
+    return n
+
+
+def _rows(sequences: Sequence[TrainingSequence], max_tokens: int, share_prefix: bool) -> list[_Row]:
+    """One row per group (more if a group overflows ``max_tokens``), sharing the group's prefix."""
+    by_group: dict[int, list[int]] = {}
+    for i, seq in enumerate(sequences):
+        by_group.setdefault(seq.group_index if share_prefix else -1 - i, []).append(i)
+    rows: list[_Row] = []
+    for members in by_group.values():
+        p = _common_prefix_length(sequences, members)
+        prefix = list(sequences[members[0]].token_ids[:p])
+        row = _Row(prefix, [])
+        for i in members:
+            if row.members and row.length(sequences) + len(sequences[i].token_ids) - p > max_tokens:
+                rows.append(row)
+                row = _Row(prefix, [])
+            row.members.append(i)
+        rows.append(row)
+    for row in rows:  # a row with one member needs no shared prefix
+        if len(row.members) == 1:
+            row.prefix = []
+    return rows
 
 
 def pack_sequences(
@@ -36,38 +99,72 @@ def pack_sequences(
     *,
     max_tokens: int = 4096,
     pad_token_id: int = 0,
+    share_prefix: bool = True,
 ) -> list[MicroBatch]:
-    """Pack sequences (with one weight each) into micro-batches of at most ``max_tokens``."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].token_ids), reverse=True)
-    batches: list[list[int]] = []
-    for i in order:
-        length = len(sequences[i].token_ids)
+    """Pack sequences (one weight each, applied to their trained tokens) into micro-batches."""
+    rows = sorted(_rows(sequences, max_tokens, share_prefix), key=lambda r: r.length(sequences), reverse=True)
+    batches: list[list[_Row]] = []
+    for row in rows:
         if batches:
-            rows = batches[-1]
-            longest = len(sequences[rows[0]].token_ids)
-            if (len(rows) + 1) * max(longest, length) <= max_tokens:
-                rows.append(i)
+            current = batches[-1]
+            longest = current[0].length(sequences)
+            if (len(current) + 1) * longest <= max_tokens:
+                current.append(row)
                 continue
-        batches.append([i])
-    return [_to_tensors([sequences[i] for i in rows], [token_weights[i] for i in rows], pad_token_id) for rows in batches]
+        batches.append([row])
+    return [_to_tensors(batch, sequences, token_weights, pad_token_id) for batch in batches]
 
 
-def _to_tensors(rows: list[TrainingSequence], row_weights: list[float], pad_token_id: int) -> MicroBatch:
+def _to_tensors(
+    rows: list[_Row], sequences: Sequence[TrainingSequence], token_weights: Sequence[float], pad_token_id: int
+) -> MicroBatch:
     B = len(rows)
-    T = max(len(r.token_ids) for r in rows)
+    T = max(r.length(sequences) for r in rows)
     input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((B, T), dtype=torch.long)
-    targets = torch.zeros((B, T), dtype=torch.long)
-    weights = torch.zeros((B, T), dtype=torch.float32)
-    advantages = torch.zeros((B, T), dtype=torch.float32)
-    old = torch.full((B, T), float("nan"), dtype=torch.float32)
-    for b, (row, weight) in enumerate(zip(rows, row_weights)):
-        n = len(row.token_ids)
-        input_ids[b, :n] = torch.tensor(row.token_ids)
-        attention[b, :n] = 1
-        # position t predicts token t+1: shift every per-token array left by one
-        targets[b, : n - 1] = torch.tensor(row.token_ids[1:])
-        weights[b, : n - 1] = torch.tensor(row.weights[1:]) * weight
-        advantages[b, : n - 1] = row.advantage
-        old[b, : n - 1] = torch.tensor(row.old_logprobs[1:], dtype=torch.float32)
-    return MicroBatch(input_ids, attention, targets, weights, advantages, old)
+    position_ids = torch.zeros((B, T), dtype=torch.long)
+    allowed = torch.zeros((B, T, T), dtype=torch.bool)
+    picks: dict[str, list] = {k: [] for k in ("rows", "positions", "targets", "weights", "advantages", "old", "seq")}
+    real_tokens = 0
+    for b, row in enumerate(rows):
+        p = len(row.prefix)
+        input_ids[b, :p] = torch.tensor(row.prefix, dtype=torch.long)
+        position_ids[b, :p] = torch.arange(p)
+        allowed[b, :p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
+        offset = p
+        for i in row.members:
+            seq = sequences[i]
+            n = len(seq.token_ids) - p
+            span = slice(offset, offset + n)
+            input_ids[b, span] = torch.tensor(seq.token_ids[p:], dtype=torch.long)
+            position_ids[b, span] = torch.arange(p, p + n)
+            allowed[b, span, :p] = True
+            allowed[b, span, span] = torch.ones(n, n, dtype=torch.bool).tril()
+            for t in range(1, len(seq.token_ids)):
+                if seq.weights[t] <= 0:
+                    continue
+                source = t - 1 if t - 1 < p else offset + (t - 1 - p)  # the position whose output predicts token t
+                picks["rows"].append(b)
+                picks["positions"].append(source)
+                picks["targets"].append(seq.token_ids[t])
+                picks["weights"].append(seq.weights[t] * token_weights[i])
+                picks["advantages"].append(seq.advantage)
+                picks["old"].append(seq.old_logprobs[t])
+                picks["seq"].append(i)
+            offset += n
+        real_tokens += offset
+        pad = torch.arange(offset, T)
+        allowed[b, pad, pad] = True  # padding attends to itself only (keeps softmax finite)
+    mask = torch.zeros((B, 1, T, T), dtype=torch.float32).masked_fill(~allowed[:, None], MASKED)
+    return MicroBatch(
+        input_ids_BT=input_ids,
+        position_ids_BT=position_ids,
+        attention_mask_B1TT=mask,
+        rows_N=torch.tensor(picks["rows"], dtype=torch.long),
+        positions_N=torch.tensor(picks["positions"], dtype=torch.long),
+        targets_N=torch.tensor(picks["targets"], dtype=torch.long),
+        weights_N=torch.tensor(picks["weights"], dtype=torch.float32),
+        advantages_N=torch.tensor(picks["advantages"], dtype=torch.float32),
+        old_logprobs_N=torch.tensor(picks["old"], dtype=torch.float32),
+        sequence_ids_N=torch.tensor(picks["seq"], dtype=torch.long),
+        num_tokens=real_tokens,
+    )

@@ -99,22 +99,28 @@ class LoRATrainer:
 
     # -- forward ------------------------------------------------------------------
     def _token_logprobs(self, batch: MicroBatch, *, adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprob and entropy for each trained token of ``batch`` (shape ``[N]``)."""
         causal_lm = self.model.get_base_model()
-        ids = batch.input_ids_BT.to(self.device)
-        mask = batch.attention_mask_BT.to(self.device)
+        inputs = {
+            "input_ids": batch.input_ids_BT.to(self.device),
+            "position_ids": batch.position_ids_BT.to(self.device),
+            "attention_mask": batch.attention_mask_B1TT.to(self.device),
+        }
         if adapter:
-            hidden = causal_lm.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            hidden_BTH = causal_lm.model(**inputs).last_hidden_state
         else:
             with self.model.disable_adapter():
-                hidden = causal_lm.model(input_ids=ids, attention_mask=mask).last_hidden_state
+                hidden_BTH = causal_lm.model(**inputs).last_hidden_state
+        hidden_NH = hidden_BTH[batch.rows_N.to(self.device), batch.positions_N.to(self.device)]
         weight = causal_lm.get_output_embeddings().weight
-        return chunked_token_logprobs(
-            hidden.float(), weight.float(), batch.targets_BT.to(self.device), chunk_size=self.chunk_size
+        logprobs, entropy = chunked_token_logprobs(
+            hidden_NH[None].float(), weight.float(), batch.targets_N[None].to(self.device), chunk_size=self.chunk_size
         )
+        return logprobs[0], entropy[0]
 
     @torch.no_grad()
     def token_logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        """Current-policy logprobs of each target (for tests and diagnostics)."""
+        """Current-policy logprob of each trained token (for tests and diagnostics)."""
         return self._token_logprobs(batch)[0].cpu()
 
     # -- one optimizer step -------------------------------------------------------
@@ -123,7 +129,7 @@ class LoRATrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate
         self.optimizer.zero_grad(set_to_none=True)
-        normalizer = sum(float((mb.weights_BT > 0).sum()) for mb in micro_batches)
+        normalizer = sum(float((mb.weights_N > 0).sum()) for mb in micro_batches)
         totals = {"loss": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0}
         sampler, trainer = [], []
         for mb in micro_batches:
@@ -132,11 +138,11 @@ class LoRATrainer:
             if config.kl_penalty_coef:
                 with torch.no_grad():
                     ref = self._token_logprobs(mb, adapter=False)[0]
-            weights = mb.weights_BT.to(self.device)
+            weights = mb.weights_N.to(self.device)
             out = policy_loss(
                 logprobs,
-                mb.old_logprobs_BT.to(self.device),
-                mb.advantages_BT.to(self.device),
+                mb.old_logprobs_N.to(self.device),
+                mb.advantages_N.to(self.device),
                 weights,
                 loss_fn=config.loss_fn,
                 epsilon=config.epsilon,
@@ -145,6 +151,7 @@ class LoRATrainer:
                 normalizer=normalizer,
                 ref_logprobs_BT=ref,
                 kl_penalty_coef=config.kl_penalty_coef,
+                sequence_ids_BT=mb.sequence_ids_N.to(self.device),
             )
             out.loss.backward()
             mask = weights > 0
@@ -155,7 +162,7 @@ class LoRATrainer:
             totals["tokens"] += out.tokens
             totals["kl"] += out.kl_sum
             totals["entropy"] += float(entropy[mask].sum())
-            sampler.append(mb.old_logprobs_BT[mask.cpu()])
+            sampler.append(mb.old_logprobs_N[mask.cpu()])
             trainer.append(logprobs.detach().cpu()[mask.cpu()])
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
         if torch.isfinite(grad_norm):
@@ -170,6 +177,7 @@ class LoRATrainer:
             "clipped_fraction": totals["clipped"] / n,
             "grad_norm": float(grad_norm),
             "trained_tokens": totals["tokens"],
+            "forward_tokens": float(sum(mb.num_tokens for mb in micro_batches)),
             "num_micro_batches": float(len(micro_batches)),
             "skipped_non_finite_grad": float(not torch.isfinite(grad_norm)),
         }

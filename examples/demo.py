@@ -56,14 +56,14 @@ def make_tasks(seed: int, n: int) -> list[dict[str, int]]:
 
 
 def format_pieces(task: dict[str, int]) -> list[str]:
-    return ["<tool_call>", '"name": "add"', '"arguments"', str(task["a"]), str(task["b"]), "</tool_call>"]
+    return ["<tool_call>", '{"name": "add"', '"arguments": {', f'"a": {task["a"]}', f'"b": {task["b"]}', "</tool_call>"]
 
 
 def score_call(choice: tracerl.Choice, task: dict[str, int]) -> tuple[float, bool]:
     """Reward for the first turn (max 0.8), and whether the call was right (so the tool can answer).
 
     0.3 × the share of the call's pieces present in the reply (the tag, the tool name, the
-    arguments key, both numbers, the closing tag) — shaping that gives almost every group some
+    arguments object, each argument with its value, the closing tag) — shaping that gives almost every group some
     reward variance to learn from — +0.3 for a call the server parses as ``add``, +0.2 for the
     right arguments.
     """
@@ -212,7 +212,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--base-model", default="smollm2-135m")
     p.add_argument("--groups-per-step", type=int, default=2)
     p.add_argument("--rollouts", type=int, default=8, help="rollouts per group")
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--val-tasks", type=int, default=16)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--max-minutes", type=float, default=20.0)

@@ -15,7 +15,7 @@ EXPECTED_ALL = {
     "Backend", "CheckpointError", "Choice", "ConfigError", "DatasetBatch", "ExceptionRecord", "History",
     "InferenceServerError", "JudgeError", "LocalBackend", "Model", "TooManyExceptionsError", "TracerlError",
     "TrainResult", "TrainableModel", "Trajectory", "TrajectoryError", "TrajectoryGroup", "gather_trajectories",
-    "gather_trajectory_groups", "iterate_dataset", "retry",
+    "gather_trajectory_groups", "iterate_dataset", "retry", "rollout", "trajectory", "trajectory_group",
 }
 
 

@@ -38,7 +38,7 @@ def mean_logprobs(trainer, tok, group):
     for seq in sequences:
         [mb] = pack_sequences([seq], [1.0])
         lp = trainer.token_logprobs(mb)
-        out.append(float(lp[mb.weights_BT > 0].mean()))
+        out.append(float(lp.mean()))
     return out
 
 

@@ -10,6 +10,7 @@ the sampling temperature, top-p or top-k: the trainer compares them with its own
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import inspect
 import itertools
 import logging
@@ -17,9 +18,10 @@ import queue
 import random
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import ConfigError
 
@@ -50,6 +52,7 @@ class GenerationJob:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     top_logprobs: int = 0
+    ignore_eos: bool = False
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     results: list[SampleResult | None] = field(default_factory=list)
 
@@ -96,12 +99,15 @@ class GenerationEngine:
         self._adapters: dict[str, str] = {}  # served name -> internal peft adapter name
         self._counter = itertools.count()
         self._lock = threading.Lock()  # the model: one batch or one adapter change at a time
+        self._busy: set[str | None] = set()  # adapters of the batch being decoded
+        self._deferred: set[str] = set()  # adapters to delete once no batch uses them
         self._running = threading.Event()
         self._running.set()
         self._queue: queue.Queue[GenerationJob | None] = queue.Queue()
         self.max_batch_rows = max_batch_rows
         self.batch_wait_s = batch_wait_s
         self._worker: threading.Thread | None = None
+        self.stats = {"batches": 0, "rows": 0, "max_rows": 0, "tokens": 0}
 
     # --- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -173,8 +179,13 @@ class GenerationEngine:
     def _delete(self, internal: str) -> None:
         if internal in self._adapters.values():
             return
+        if internal in self._busy:
+            self._deferred.add(internal)
+            return
         if len(self._peft.peft_config) > 1:  # peft cannot drop its last adapter; it stays unused
-            self._peft.delete_adapter(internal)
+            with warnings.catch_warnings():  # "adapter X was active which is now deleted"
+                warnings.simplefilter("ignore", UserWarning)
+                self._peft.delete_adapter(internal)
 
     # --- submission ------------------------------------------------------------------
     def submit(self, job: GenerationJob) -> concurrent.futures.Future:
@@ -235,21 +246,40 @@ class GenerationEngine:
         return batches
 
     # --- generation ------------------------------------------------------------------
-    def _model_for(self, adapter: str | None) -> tuple[Any, Any]:
-        """The module to call and a context manager that selects ``adapter`` (None: base)."""
-        import contextlib
-
-        if self._peft is None:
-            if adapter is not None:
-                raise ConfigError(f"adapter {adapter!r} is not loaded")
-            return self._base, contextlib.nullcontext()
+    def _internal_for(self, adapter: str | None) -> str | None:
         if adapter is None:
-            return self._peft, self._peft.disable_adapter()
+            return None
         internal = self._adapters.get(adapter)
         if internal is None:
             raise ConfigError(f"adapter {adapter!r} is not loaded")
-        self._peft.set_adapter(internal)
-        return self._peft, contextlib.nullcontext()
+        return internal
+
+    @contextlib.contextmanager
+    def _selected(self, internal: str | None) -> Iterator[Any]:
+        """The module to call with adapter ``internal`` active (None: the base model), for one step.
+
+        Chosen again at every decode step because adapters may be loaded while generation is
+        paused (and the first load wraps the base model with peft in place).
+        """
+        if self._peft is None:
+            yield self._base
+        elif internal is None:
+            with self._peft.disable_adapter():
+                yield self._peft
+        else:
+            if self._peft.active_adapter != internal:
+                self._peft.set_adapter(internal)
+            yield self._peft
+
+    def _wait_while_paused(self) -> None:
+        """Called with the model lock held: release it while paused so adapters can be loaded."""
+        if self._running.is_set():
+            return
+        self._lock.release()
+        try:
+            self._running.wait()
+        finally:
+            self._lock.acquire()
 
     def _generate(self, jobs: list[GenerationJob]) -> None:
         import torch
@@ -261,7 +291,22 @@ class GenerationEngine:
                 seed = job.seed * 1_000_003 + choice if job.seed is not None else random.SystemRandom().getrandbits(63)
                 generator.manual_seed(seed % (2**63))
                 rows.append(_Row(job=job, choice=choice, generator=generator))
-        model, context = self._model_for(jobs[0].adapter)
+        internal = self._internal_for(jobs[0].adapter)
+        self._busy.add(internal)  # replaced or unloaded meanwhile: deleted only after this batch
+        try:
+            self._decode(rows, internal)
+        finally:
+            self._busy.discard(internal)
+            for pending in [i for i in self._deferred if i not in self._busy]:
+                self._deferred.discard(pending)
+                self._delete(pending)
+
+    def _decode(self, rows: list[_Row], internal: str | None) -> None:
+        import torch
+
+        self.stats["batches"] += 1
+        self.stats["rows"] += len(rows)
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(rows))
         width = max(len(row.job.prompt_ids) for row in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -271,17 +316,18 @@ class GenerationEngine:
             mask[i, width - len(prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = None
-        with torch.inference_mode(), context:
+        with torch.inference_mode():
             while rows:
-                self._running.wait()
-                out = model(
-                    input_ids=input_ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **{self._cache_arg: cache},
-                )
+                self._wait_while_paused()
+                with self._selected(internal) as model:
+                    out = model(
+                        input_ids=input_ids,
+                        attention_mask=mask,
+                        position_ids=positions,
+                        use_cache=True,
+                        logits_to_keep=1,
+                        **{self._cache_arg: cache},
+                    )
                 cache = getattr(out, self._cache_arg, None)
                 logits = out.logits[:, -1, :].float()
                 logprobs = torch.log_softmax(logits, dim=-1)
@@ -326,6 +372,7 @@ class GenerationEngine:
             probs = torch.softmax(scaled, dim=-1)
             token = int(torch.multinomial(probs, 1, generator=row.generator))
         row.ids.append(token)
+        self.stats["tokens"] += 1
         row.logprobs.append(float(logprobs[token]))
         if job.top_logprobs:
             values, indices = torch.topk(logprobs, job.top_logprobs)
@@ -338,7 +385,7 @@ class GenerationEngine:
         token = row.ids[-1]
         reason: str | None = None
         text_ids = row.ids
-        if token in self.eos_ids or token in job.stop_token_ids:
+        if (token in self.eos_ids and not job.ignore_eos) or token in job.stop_token_ids:
             reason, text_ids = "stop", row.ids[:-1]
         text = None
         if reason is None and job.stop:

@@ -40,6 +40,17 @@ class InferenceServer(Protocol):
         """Stop serving and release the process(es) and threads started by :meth:`start`."""
 
 
+@runtime_checkable
+class PausableServer(InferenceServer, Protocol):
+    """A server that can hold generation while a trainer uses the same cores (both implementations are)."""
+
+    async def pause(self) -> None:
+        """Hold generation; requests in flight and new ones wait (they are not dropped)."""
+
+    async def resume(self) -> None:
+        """Continue generating."""
+
+
 def make_server(kind: ServerKind, model_path: str | Path, *, served_name: str, **options: Any) -> InferenceServer:
     """Create (not start) an inference server of ``kind`` for the HF model folder ``model_path``.
 

@@ -3,7 +3,9 @@
 Requests are validated by hand so that every problem becomes an OpenAI-style 400 naming the
 offending ``param``.  vLLM's extensions used by the trainer are supported: ``return_token_ids``
 (top-level ``prompt_token_ids`` and per-choice ``token_ids``), ``top_k``, ``stop_token_ids``,
-``chat_template_kwargs``.
+``ignore_eos``, ``chat_template_kwargs``.  ``stream: true`` is answered once the completion is
+done, as server-sent events of the whole result (clients that stream work; tokens are not
+delivered incrementally).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from ._http import OpenAIError
 
@@ -36,6 +38,9 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     return_token_ids: bool = False
+    ignore_eos: bool = False
+    stream: bool = False
+    include_usage: bool = False
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -102,8 +107,6 @@ def parse_chat_request(body: Any) -> ChatRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise OpenAIError("'model' is required", param="model")
-    if body.get("stream"):
-        raise OpenAIError("'stream' is not supported by this server", param="stream")
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise OpenAIError("'tools' must be a list of tool objects", param="tools")
@@ -148,6 +151,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
         logprobs=bool(logprobs) or top_logprobs > 0,
         top_logprobs=top_logprobs,
         return_token_ids=bool(body.get("return_token_ids")),
+        ignore_eos=bool(body.get("ignore_eos")),
+        stream=bool(body.get("stream")),
+        include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
         add_generation_prompt=bool(body.get("add_generation_prompt", True)),
         chat_template_kwargs=kwargs,
     )
@@ -185,3 +191,33 @@ def chat_completion(
     if include_ids:
         body["prompt_token_ids"] = prompt_token_ids
     return body
+
+
+def stream_events(completion: dict[str, Any], include_usage: bool) -> Iterator[str]:
+    """A finished completion as ``chat.completion.chunk`` server-sent events (then ``[DONE]``).
+
+    The first chunk of each choice carries the whole message (and ``token_ids`` /
+    ``prompt_token_ids`` when the completion has them); a second one its ``finish_reason``.
+    """
+    import json
+
+    head = {key: completion[key] for key in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+    for choice in completion["choices"]:
+        message = choice.get("message") or {}
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+        first = {"index": choice["index"], "delta": delta, "logprobs": choice.get("logprobs"), "finish_reason": None}
+        for key in ("token_ids", "prompt_token_ids"):
+            if key in choice:
+                first[key] = choice[key]
+        chunk = {**head, "choices": [first]}
+        if "prompt_token_ids" in completion:
+            chunk["prompt_token_ids"] = completion["prompt_token_ids"]
+        yield f"data: {json.dumps(chunk)}\n\n"
+        last = {"index": choice["index"], "delta": {}, "logprobs": None, "finish_reason": choice.get("finish_reason")}
+        yield f"data: {json.dumps({**head, 'choices': [last]})}\n\n"
+    if include_usage and completion.get("usage"):
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': completion['usage']})}\n\n"
+    yield "data: [DONE]\n\n"

@@ -11,16 +11,16 @@ default), and a generation worker thread that batches concurrent requests
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 from ..errors import ConfigError, InferenceServerError
 from ._http import BackgroundUvicorn, OpenAIError, install_error_handlers
-from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request
+from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request, stream_events
 from .tool_calls import parse_tool_calls
 
 BASE_ALIASES = ("base",)
@@ -105,22 +105,14 @@ class TransformersServer:
             self.engine.stop()
 
     # --- sharing the cores with a trainer --------------------------------------------
-    def pause(self) -> None:
-        """Hold generation (at the next decode step) so a trainer can have the cores."""
+    async def pause(self) -> None:
+        """Hold generation (running batches at their next decode step) so a trainer can have the cores."""
         if self.engine is not None:
             self.engine.pause()
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
         if self.engine is not None:
             self.engine.resume()
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        self.pause()
-        try:
-            yield
-        finally:
-            self.resume()
 
     # --- helpers ---------------------------------------------------------------------
     @property
@@ -193,6 +185,7 @@ class TransformersServer:
             stop_token_ids=request.stop_token_ids,
             seed=request.seed,
             top_logprobs=request.top_logprobs,
+            ignore_eos=request.ignore_eos,
         )
         results = await asyncio.wrap_future(self.engine.submit(job))
         choices = [self._choice(index, result, request, prompt_ids) for index, result in enumerate(results)]
@@ -216,12 +209,11 @@ class TransformersServer:
         choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
         if request.logprobs:
             text = self.engine.token_text
-            choice["logprobs"] = {
-                "content": [
-                    logprob_entry(text(token), logprob, [(text(t), lp) for t, lp in (result.top_logprobs[j] if result.top_logprobs else [])])
-                    for j, (token, logprob) in enumerate(zip(result.token_ids, result.logprobs))
-                ]
-            }
+            content = []
+            for j, (token, logprob) in enumerate(zip(result.token_ids, result.logprobs)):
+                top = result.top_logprobs[j] if result.top_logprobs else []
+                content.append(logprob_entry(text(token), logprob, [(text(t), lp) for t, lp in top]))
+            choice["logprobs"] = {"content": content}
         if request.return_token_ids:
             choice["token_ids"] = result.token_ids
             choice["prompt_token_ids"] = prompt_ids
@@ -255,7 +247,11 @@ def build_app(server: TransformersServer) -> Any:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        return await server.complete(parse_chat_request(await json_body(request)))
+        chat = parse_chat_request(await json_body(request))
+        completion = await server.complete(chat)
+        if chat.stream:
+            return StreamingResponse(stream_events(completion, chat.include_usage), media_type="text/event-stream")
+        return completion
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Any:

@@ -1,0 +1,110 @@
+"""The proxy in front of a vLLM subprocess (see :mod:`tracerl.inference.vllm_server`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ._http import OpenAIError, install_error_handlers
+from .protocol import stream_events
+from .tool_calls import parse_tool_calls
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .vllm_server import VLLMServer
+
+
+def _error_response(status: int, content: bytes) -> JSONResponse:
+    """vLLM's error, in OpenAI's shape whatever vLLM's version wrote."""
+    import json
+
+    try:
+        body = json.loads(content)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        error.setdefault("param", None)
+        error.setdefault("code", status)
+        return JSONResponse(body, status_code=status)
+    message = body.get("message") if isinstance(body, dict) else content.decode(errors="replace")
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    return JSONResponse(OpenAIError(str(message), status=status, type=kind, code=status).body(), status_code=status)
+
+
+def prepare_chat_body(body: dict[str, Any], served_name: str, base_names: set[str]) -> bool:
+    """Ask for token ids and logprobs; let tracerl parse tool calls. Returns whether to parse them."""
+    if body.get("model") in base_names:
+        body["model"] = served_name
+    body["return_token_ids"] = True
+    if not body.get("logprobs"):
+        body["logprobs"] = True
+    tool_choice = body.get("tool_choice")
+    parse = bool(body.get("tools")) and tool_choice in (None, "auto")
+    if parse:
+        body["tool_choice"] = "none"  # vLLM still renders the tools; we parse the text
+    return parse
+
+
+def finish_chat_body(result: dict[str, Any], parse_tools: bool) -> dict[str, Any]:
+    prompt_ids = result.get("prompt_token_ids")
+    for choice in result.get("choices", []):
+        if prompt_ids is not None:
+            choice.setdefault("prompt_token_ids", prompt_ids)
+        message = choice.get("message") or {}
+        if parse_tools and isinstance(message.get("content"), str):
+            parsed = parse_tool_calls(message["content"])
+            if parsed.tool_calls:
+                message["content"] = parsed.content
+                message["tool_calls"] = parsed.tool_calls
+                if choice.get("finish_reason") != "length":
+                    choice["finish_reason"] = "tool_calls"
+    return result
+
+
+def build_proxy(server: "VLLMServer") -> Any:
+    import httpx
+
+    app = FastAPI(title="tracerl vLLM proxy")
+    install_error_handlers(app)
+    clients: dict[str, httpx.AsyncClient] = {}
+
+    def client() -> httpx.AsyncClient:
+        if "c" not in clients:  # created lazily inside the proxy's own event loop
+            clients["c"] = httpx.AsyncClient(base_url=server.vllm_url, timeout=httpx.Timeout(3600, connect=10))
+        return clients["c"]
+
+    base_names = {server.served_name, "base", str(server.model_path)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        try:
+            body = await request.json()
+        except ValueError as error:
+            raise OpenAIError(f"the request body is not valid JSON: {error}") from error
+        if not isinstance(body, dict):
+            raise OpenAIError("the request body must be a JSON object")
+        stream = bool(body.pop("stream", False))  # answered as events of the finished completion
+        include_usage = bool((body.pop("stream_options", None) or {}).get("include_usage"))
+        parse = prepare_chat_body(body, server.served_name, base_names)
+        response = await client().post("/v1/chat/completions", json=body)
+        if response.status_code != 200:
+            return _error_response(response.status_code, response.content)
+        completion = finish_chat_body(response.json(), parse)
+        if stream:
+            return StreamingResponse(stream_events(completion, include_usage), media_type="text/event-stream")
+        return completion
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    async def forward(path: str, request: Request) -> Any:
+        headers = {"content-type": request.headers.get("content-type", "application/json")}
+        response = await client().request(
+            request.method, "/" + path, content=await request.body(), headers=headers, params=request.query_params
+        )
+        if response.status_code >= 400:
+            return _error_response(response.status_code, response.content)
+        media = response.headers.get("content-type", "application/json")
+        return Response(response.content, status_code=response.status_code, media_type=media)
+
+    return app

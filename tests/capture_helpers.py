@@ -1,0 +1,63 @@
+"""Shared helpers for the capture tests (fake server fixtures, tool schemas, checks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tracerl
+
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look something up.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
+
+
+def sampled(trajectory: tracerl.Trajectory) -> list[tracerl.Choice]:
+    return [item for item in trajectory.messages_and_choices if isinstance(item, tracerl.Choice)]
+
+
+def roles(items: list[Any]) -> list[str]:
+    return [item.message["role"] if isinstance(item, tracerl.Choice) else item["role"] for item in items]
+
+
+def assert_tokens_match_server(trajectory: tracerl.Trajectory, responses: list[dict[str, Any]]) -> None:
+    """Every sampled turn carries exactly the ids / logprobs the server sent for its response id."""
+    by_id = {r["id"]: r for r in responses}
+    for choice in trajectory.sampled_turns():
+        response = by_id[choice.response_id]
+        server_choice = response["choices"][0]
+        assert choice.token_ids == server_choice["token_ids"]
+        assert choice.prompt_token_ids == (response.get("prompt_token_ids") or server_choice.get("prompt_token_ids"))
+        assert choice.logprobs == [e["logprob"] for e in server_choice["logprobs"]["content"]]
+
+
+async def openai_tool_agent(client: Any, question: str, *, model: str = "m", stream: bool = False) -> str:
+    """A plain OpenAI-client agent loop with one tool; the tool echoes a marker."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": question}]
+    for _ in range(4):
+        if stream:
+            chunks = [c async for c in await client.chat.completions.create(model=model, messages=messages, tools=[LOOKUP_TOOL], stream=True)]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls: dict[int, dict[str, Any]] = {}
+            for c in chunks:
+                for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+                    slot = calls.setdefault(d.index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                    slot["id"] = slot["id"] or d.id
+                    slot["function"]["name"] += d.function.name or ""
+                    slot["function"]["arguments"] += d.function.arguments or ""
+            message: dict[str, Any] = {"role": "assistant", "content": content or None}
+            if calls:
+                message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        else:
+            response = await client.chat.completions.create(model=model, messages=messages, tools=[LOOKUP_TOOL])
+            message = response.choices[0].message.model_dump(exclude_none=True)
+        messages.append(message)
+        if not message.get("tool_calls"):
+            return message.get("content") or ""
+        for call in message["tool_calls"]:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"looked up: {question}"})
+    return ""
