@@ -27,15 +27,21 @@ QUESTIONS = [("What is 17 + 25?", 42), ("What is 6 times 7?", 42)]
 
 
 def few_shot() -> list[Any]:
-    """One worked example in the conversation: small models copy the tool-call format from it."""
+    """Worked examples in the conversation: small models copy the tool-call format from them."""
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-    return [
-        HumanMessage("What is 1 + 2?"),
-        AIMessage("", tool_calls=[{"name": "add", "args": {"a": 1, "b": 2}, "id": "call_example"}]),
-        ToolMessage("3", tool_call_id="call_example"),
-        AIMessage("The answer is 3."),
-    ]
+    messages: list[Any] = []
+    for index, (name, a, b, result, question) in enumerate(
+        [("add", 1, 2, 3, "What is 1 + 2?"), ("multiply", 4, 5, 20, "What is 4 times 5?"), ("add", 10, 3, 13, "What is 10 + 3?")]
+    ):
+        call_id = f"call_example_{index}"
+        messages += [
+            HumanMessage(question),
+            AIMessage("", tool_calls=[{"name": name, "args": {"a": a, "b": b}, "id": call_id}]),
+            ToolMessage(str(result), tool_call_id=call_id),
+            AIMessage(f"The answer is {result}."),
+        ]
+    return messages
 
 
 # -- the agent: plain LangGraph ---------------------------------------------------------------
@@ -67,7 +73,7 @@ def chat_model(base_url: str, model_name: str, *, max_tokens: int = 48) -> Any:
 # -- capture + reward --------------------------------------------------------------------------
 def reward(trajectory: tracerl.Trajectory, expected: int) -> float:
     """0.5 for using a tool without an error, +0.5 when the final answer holds the number."""
-    messages = trajectory.messages()[5:]  # after the system prompt and the worked example
+    messages = trajectory.messages()[1 + len(few_shot()) :]  # after the system prompt and the worked examples
     used_tool = any(m.get("role") == "tool" and not str(m.get("content", "")).startswith("Error") for m in messages)
     final = str(messages[-1].get("content") or "") if messages else ""
     return 0.5 * used_tool + 0.5 * bool(re.search(rf"\b{expected}\b", final))

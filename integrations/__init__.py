@@ -1,0 +1,40 @@
+"""Capture: agents run unchanged; OpenTelemetry spans become trajectories.
+
+``instrument()`` hooks the OpenAI SDK, LiteLLM, LangChain/LangGraph and the MCP client
+(those installed); ``async with rollout(model, task=...) as r:`` scopes one attempt and
+leaves ``r.trajectory``.  Importing this package stays light: hooks import their library
+only when enabled.
+"""
+
+from __future__ import annotations
+
+from . import langgraph
+from .convert import spans_to_trajectory
+from .endpoints import is_tracerl_endpoint, register_endpoint, unregister_endpoint
+from .health import error_counts as capture_error_counts
+from .health import reset_error_counts
+from .instrument import instrument, uninstrument
+from .processor import CaptureProcessor, TokenRecord, get_tracer_provider
+from .processor import configure as configure_tracing
+from .rollout import Rollout, current_rollout, rollout, trajectory, trajectory_group
+
+__all__ = [
+    "CaptureProcessor",
+    "Rollout",
+    "TokenRecord",
+    "capture_error_counts",
+    "configure_tracing",
+    "current_rollout",
+    "get_tracer_provider",
+    "instrument",
+    "is_tracerl_endpoint",
+    "langgraph",
+    "register_endpoint",
+    "reset_error_counts",
+    "rollout",
+    "spans_to_trajectory",
+    "trajectory",
+    "trajectory_group",
+    "uninstrument",
+    "unregister_endpoint",
+]

@@ -1,0 +1,63 @@
+"""Capture must never break the agent: errors in tracerl's own code are swallowed,
+counted by kind, and logged once per kind (with the traceback the first time).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
+
+logger = logging.getLogger("tracerl.integrations")
+
+_lock = threading.Lock()
+_counts: Counter[str] = Counter()
+_logged: set[str] = set()
+
+
+def record_error(kind: str, error: BaseException | None = None) -> None:
+    """Count one capture failure of ``kind``; log it the first time that kind happens."""
+    try:
+        with _lock:
+            _counts[kind] += 1
+            first = kind not in _logged
+            _logged.add(kind)
+        if first:
+            logger.warning(
+                "tracerl capture error (%s): %r; the agent is unaffected, further %s errors are only counted",
+                kind,
+                error,
+                kind,
+                exc_info=error,
+            )
+    except Exception:  # noqa: BLE001 - the error path itself must not raise
+        pass
+
+
+@contextmanager
+def guard(kind: str) -> Iterator[None]:
+    """Run capture code; any exception is recorded instead of propagating."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - by design
+        record_error(kind, error)
+
+
+def error_counts() -> dict[str, int]:
+    """Capture failures so far, by kind."""
+    with _lock:
+        return dict(_counts)
+
+
+def total_errors() -> int:
+    with _lock:
+        return sum(_counts.values())
+
+
+def reset_error_counts() -> None:
+    """Forget counts and which kinds were logged (tests)."""
+    with _lock:
+        _counts.clear()
+        _logged.clear()

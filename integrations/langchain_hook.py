@@ -1,0 +1,193 @@
+"""Hook for LangChain / LangGraph: a callback handler attached to every run.
+
+(The handler class is built inside a function so importing this module does not import
+LangChain; that is why ``_make_handler_class`` is longer than our usual function.)
+
+It records chat-model calls (``chat {model}`` spans, layer ``langchain``) and tool runs
+(``execute_tool {name}`` spans with call id, arguments, result or error).  Chat models
+that talk to OpenAI-compatible servers are also seen by the OpenAI hook, which holds
+the token ids; the converter keeps one of the two (joined by response id).  The handler
+runs inline, in the caller's context, so its spans land in the current rollout even
+inside LangGraph's thread pools (which copy the context).
+"""
+
+from __future__ import annotations
+
+import json
+from contextvars import ContextVar
+from typing import Any
+from uuid import UUID
+
+from opentelemetry import trace
+
+from . import semconv as sc
+from .health import guard, record_error
+from .messages import to_semconv
+from .processor import get_tracer
+from .spans import _dumps, end_chat_span, start_chat_span
+
+_handler_var: ContextVar[Any] = ContextVar("tracerl_langchain_handler", default=None)
+_MAX_OPEN_RUNS = 10_000  # runs that never end (cancelled) must not grow memory without bound
+_state: dict[str, Any] = {}
+
+
+def _openai_messages(messages: Any) -> list[dict[str, Any]]:
+    from langchain_core.messages import convert_to_openai_messages
+
+    return list(convert_to_openai_messages(list(messages)))
+
+
+def _make_handler_class() -> type:
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class TracerlCallbackHandler(BaseCallbackHandler):
+        """Records LangChain chat-model and tool runs as GenAI spans."""
+
+        run_inline = True
+        raise_error = False
+
+        def __init__(self) -> None:
+            self._spans: dict[UUID, Any] = {}
+
+        def _open(self, run_id: UUID, span: Any) -> None:
+            if len(self._spans) >= _MAX_OPEN_RUNS:
+                stale = self._spans.pop(next(iter(self._spans)))
+                stale.end()
+                record_error("langchain_open_runs_overflow")
+            self._spans[run_id] = span
+
+        # -- chat models ------------------------------------------------------------------------
+        def on_chat_model_start(
+            self, serialized: dict[str, Any], messages: list[list[Any]], *, run_id: UUID, **kwargs: Any
+        ) -> None:
+            if not _state.get("enabled"):
+                return
+            with guard("langchain_chat_start"):
+                params = dict(kwargs.get("invocation_params") or {})
+                model = params.get("model") or params.get("model_name") or (kwargs.get("metadata") or {}).get("ls_model_name")
+                request = {"model": model, "tools": params.get("tools"), "temperature": params.get("temperature")}
+                provider = (kwargs.get("metadata") or {}).get("ls_provider") or "langchain"
+                span = start_chat_span(
+                    "langchain", request, provider=str(provider), messages=_openai_messages(messages[0] if messages else [])
+                )
+                self._open(run_id, span)
+
+        def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+            span = self._spans.pop(run_id, None)
+            if span is None:
+                return
+            with guard("langchain_chat_end"):
+                generations = response.generations[0] if response.generations else []
+                outputs, reasons = [], []
+                response_id = (response.llm_output or {}).get("id")
+                model = (response.llm_output or {}).get("model_name")
+                usage_in = usage_out = None
+                for generation in generations:
+                    message = getattr(generation, "message", None)
+                    if message is None:
+                        continue
+                    info = dict(generation.generation_info or {})
+                    metadata = dict(getattr(message, "response_metadata", None) or {})
+                    response_id = response_id or metadata.get("id")
+                    model = model or metadata.get("model_name")
+                    output = to_semconv(_openai_messages([message])[0])
+                    output["role"] = "assistant"
+                    output["finish_reason"] = info.get("finish_reason") or metadata.get("finish_reason")
+                    outputs.append(output)
+                    reasons.append(str(output["finish_reason"]) if output["finish_reason"] else "")
+                    usage = getattr(message, "usage_metadata", None) or {}
+                    usage_in = usage_in or usage.get("input_tokens")
+                    usage_out = usage_out or usage.get("output_tokens")
+                end_chat_span(
+                    span,
+                    outputs,
+                    response_id=response_id,
+                    model=model,
+                    finish_reasons=reasons,
+                    input_tokens=usage_in,
+                    output_tokens=usage_out,
+                )
+
+        def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+            _end_with_error(self._spans.pop(run_id, None), error)
+
+        # -- tools -----------------------------------------------------------------------------------
+        def on_tool_start(
+            self, serialized: dict[str, Any], input_str: str, *, run_id: UUID, **kwargs: Any
+        ) -> None:
+            if not _state.get("enabled"):
+                return
+            with guard("langchain_tool_start"):
+                name = (serialized or {}).get("name") or kwargs.get("name") or "tool"
+                inputs = kwargs.get("inputs")
+                attributes = {
+                    sc.OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+                    sc.LAYER: "langchain",
+                    sc.TOOL_NAME: str(name),
+                    sc.TOOL_CALL_ARGUMENTS: _dumps(inputs) if inputs is not None else str(input_str),
+                }
+                if kwargs.get("tool_call_id"):
+                    attributes[sc.TOOL_CALL_ID] = str(kwargs["tool_call_id"])
+                self._open(
+                    run_id, get_tracer().start_span(f"execute_tool {name}", kind=trace.SpanKind.INTERNAL, attributes=attributes)
+                )
+
+        def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+            span = self._spans.pop(run_id, None)
+            if span is None:
+                return
+            with guard("langchain_tool_end"):
+                content = getattr(output, "content", output)
+                if getattr(output, "tool_call_id", None) and not span.attributes.get(sc.TOOL_CALL_ID):
+                    span.set_attribute(sc.TOOL_CALL_ID, str(output.tool_call_id))
+                if getattr(output, "status", None) == "error":
+                    span.set_attribute(sc.ERROR_TYPE, "ToolError")
+                span.set_attribute(sc.TOOL_CALL_RESULT, content if isinstance(content, str) else json.dumps(content, default=str))
+                span.end()
+
+        def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+            _end_with_error(self._spans.pop(run_id, None), error)
+
+    return TracerlCallbackHandler
+
+
+def _end_with_error(span: Any, error: BaseException) -> None:
+    if span is None:
+        return
+    with guard("langchain_error"):
+        span.record_exception(error)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+        span.set_attribute(sc.ERROR_TYPE, type(error).__name__)
+        span.end()
+
+
+def instrument() -> bool:
+    """Attach the handler to every LangChain run (via ``register_configure_hook``); idempotent."""
+    try:
+        from langchain_core.tracers.context import register_configure_hook
+    except ImportError:
+        return False
+    if "handler" not in _state:
+        global _handler_var
+        handler = _make_handler_class()()
+        _handler_var = ContextVar("tracerl_langchain_handler", default=handler)
+        register_configure_hook(_handler_var, True)
+        _state["handler"] = handler
+        _state["var"] = _handler_var
+    _state["enabled"] = True
+    return True
+
+
+def uninstrument() -> None:
+    """Stop recording (LangChain keeps the hook registered; the handler goes quiet)."""
+    _state["enabled"] = False
+
+
+def is_instrumented() -> bool:
+    return bool(_state.get("enabled"))
+
+
+def handler() -> Any:
+    """The callback handler (to pass explicitly as ``config={"callbacks": [...]}`` if wanted)."""
+    instrument()
+    return _state["handler"]

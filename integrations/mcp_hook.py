@@ -1,0 +1,149 @@
+"""Hook for the MCP client: ``mcp.ClientSession.call_tool`` and ``list_tools``.
+
+Any transport (stdio, streamable HTTP) goes through ``ClientSession``.  A tool call
+becomes an ``execute_tool``-operation span named ``tools/call {name}`` with the MCP
+method, tool name, arguments, result text and error; ``tools/list`` records the tools
+offered (used as the trajectory's tools when no model call listed any).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from . import semconv as sc
+from .health import guard
+from .processor import get_tracer
+
+_originals: dict[str, Any] = {}
+
+
+def result_text(result: Any) -> str:
+    """The text an agent would put in a tool message for an MCP ``CallToolResult``."""
+    parts = []
+    for block in getattr(result, "content", None) or ():
+        text = getattr(block, "text", None)
+        if text is not None:
+            parts.append(text)
+        elif hasattr(block, "model_dump"):
+            parts.append(json.dumps(block.model_dump(mode="json", exclude_none=True)))
+    structured = _field(result, "structured_content", "structuredContent")
+    if not parts and structured is not None:
+        parts.append(json.dumps(structured, default=str))
+    return "\n".join(parts)
+
+
+def _field(obj: Any, name: str, legacy: str) -> Any:
+    """MCP 2.x names fields in snake_case, 1.x in camelCase."""
+    value = getattr(obj, name, None)
+    return getattr(obj, legacy, None) if value is None else value
+
+
+def _start(name: str, method: str, attributes: dict[str, Any]) -> tuple[Any, Any]:
+    span = token = None
+    with guard("mcp_start"):
+        span = get_tracer().start_span(
+            name, kind=trace.SpanKind.CLIENT, attributes={sc.MCP_METHOD_NAME: method, sc.LAYER: "mcp", **attributes}
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+    return span, token
+
+
+def _end(span: Any, token: Any, error: BaseException | None = None) -> None:
+    with guard("mcp_end"):
+        if token is not None:
+            otel_context.detach(token)
+        if span is not None:
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+                span.set_attribute(sc.ERROR_TYPE, type(error).__name__)
+            span.end()
+
+
+def _wrap_call_tool(original: Any) -> Any:
+    @functools.wraps(original)
+    async def call_tool(self: Any, name: str, arguments: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        attributes: dict[str, Any] = {}
+        with guard("mcp_call_tool_request"):
+            attributes = {
+                sc.OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+                sc.TOOL_NAME: str(name),
+                sc.TOOL_CALL_ARGUMENTS: json.dumps(arguments or {}, default=str),
+            }
+        span, token = _start(f"tools/call {name}", "tools/call", attributes)
+        try:
+            result = await original(self, name, arguments, *args, **kwargs)
+        except BaseException as error:
+            _end(span, token, error)
+            raise
+        if span is not None:
+            with guard("mcp_call_tool_result"):
+                span.set_attribute(sc.TOOL_CALL_RESULT, result_text(result))
+                if _field(result, "is_error", "isError"):
+                    span.set_attribute(sc.ERROR_TYPE, "tool_error")
+        _end(span, token)
+        return result
+
+    call_tool.__tracerl_original__ = original  # type: ignore[attr-defined]
+    return call_tool
+
+
+def _wrap_list_tools(original: Any) -> Any:
+    @functools.wraps(original)
+    async def list_tools(self: Any, *args: Any, **kwargs: Any) -> Any:
+        span, token = _start("tools/list", "tools/list", {})
+        try:
+            result = await original(self, *args, **kwargs)
+        except BaseException as error:
+            _end(span, token, error)
+            raise
+        if span is not None:
+            with guard("mcp_list_tools_result"):
+                tools = [
+                    {
+                        "type": "function",
+                        "name": tool.name,
+                        "description": tool.description or "",
+                        "parameters": _field(tool, "input_schema", "inputSchema"),
+                    }
+                    for tool in result.tools
+                ]
+                span.set_attribute(sc.MCP_TOOLS, json.dumps(tools, default=str))
+        _end(span, token)
+        return result
+
+    list_tools.__tracerl_original__ = original  # type: ignore[attr-defined]
+    return list_tools
+
+
+def instrument() -> bool:
+    """Patch ``ClientSession.call_tool`` / ``list_tools``; idempotent."""
+    try:
+        from mcp import ClientSession
+    except ImportError:
+        return False
+    if "call_tool" not in _originals:
+        _originals["call_tool"] = ClientSession.call_tool
+        ClientSession.call_tool = _wrap_call_tool(ClientSession.call_tool)  # type: ignore[method-assign]
+    if "list_tools" not in _originals:
+        _originals["list_tools"] = ClientSession.list_tools
+        ClientSession.list_tools = _wrap_list_tools(ClientSession.list_tools)  # type: ignore[method-assign]
+    return True
+
+
+def uninstrument() -> None:
+    from mcp import ClientSession
+
+    if "call_tool" in _originals:
+        ClientSession.call_tool = _originals.pop("call_tool")  # type: ignore[method-assign]
+    if "list_tools" in _originals:
+        ClientSession.list_tools = _originals.pop("list_tools")  # type: ignore[method-assign]
+
+
+def is_instrumented() -> bool:
+    return bool(_originals)

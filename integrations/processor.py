@@ -1,0 +1,176 @@
+"""The span processor: collects the finished spans of each active rollout's trace.
+
+Only traces a rollout registered are kept (a dict lookup per span otherwise), each
+buffer is bounded, and nothing here raises into the code that ends a span.  Exact
+token ids and logprobs are kept next to the spans, in :class:`TokenRecord`s that the
+hooks add and the converter joins to model-call spans by span id or response id.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+
+from . import semconv
+from .health import record_error
+
+DEFAULT_MAX_SPANS = 20_000
+DEFAULT_MAX_ROLLOUTS = 10_000
+_ORPHAN_RECORDS = 256
+
+
+@dataclass
+class TokenRecord:
+    """What our inference server sampled for one model call."""
+
+    response_id: str | None
+    span_id: int | None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+
+@dataclass
+class RolloutBuffer:
+    """Finished spans and token records of one rollout trace."""
+
+    trace_id: int
+    max_spans: int
+    spans: list[ReadableSpan] = field(default_factory=list)
+    records: list[TokenRecord] = field(default_factory=list)
+    dropped_spans: int = 0
+
+    def add(self, span: ReadableSpan) -> None:
+        if len(self.spans) < self.max_spans:
+            self.spans.append(span)
+        else:
+            self.dropped_spans += 1
+
+
+class CaptureProcessor(SpanProcessor):
+    """Routes finished spans to the buffer of the rollout whose trace they belong to."""
+
+    def __init__(self, *, max_spans_per_rollout: int = DEFAULT_MAX_SPANS, max_rollouts: int = DEFAULT_MAX_ROLLOUTS):
+        self.max_spans_per_rollout = max_spans_per_rollout
+        self.max_rollouts = max_rollouts
+        self._buffers: dict[int, RolloutBuffer] = {}
+        self._orphans: OrderedDict[str, TokenRecord] = OrderedDict()
+        self._lock = threading.Lock()
+        self.rejected_rollouts = 0
+
+    # -- rollout lifecycle ----------------------------------------------------------------
+    def begin(self, trace_id: int) -> RolloutBuffer | None:
+        with self._lock:
+            if len(self._buffers) >= self.max_rollouts:
+                self.rejected_rollouts += 1
+                record_error("too_many_rollouts")
+                return None
+            buffer = RolloutBuffer(trace_id, self.max_spans_per_rollout)
+            self._buffers[trace_id] = buffer
+            return buffer
+
+    def end(self, trace_id: int) -> RolloutBuffer | None:
+        with self._lock:
+            return self._buffers.pop(trace_id, None)
+
+    def active_rollouts(self) -> int:
+        return len(self._buffers)
+
+    # -- token records --------------------------------------------------------------------
+    def add_record(self, trace_id: int | None, record: TokenRecord) -> None:
+        buffer = self._buffers.get(trace_id) if trace_id is not None else None
+        if buffer is not None:
+            if len(buffer.records) < buffer.max_spans:
+                buffer.records.append(record)
+            return
+        if record.response_id:  # a call outside any rollout: keep a few, joinable by response id
+            with self._lock:
+                self._orphans[record.response_id] = record
+                while len(self._orphans) > _ORPHAN_RECORDS:
+                    self._orphans.popitem(last=False)
+
+    def take_orphan_record(self, response_id: str) -> TokenRecord | None:
+        with self._lock:
+            return self._orphans.pop(response_id, None)
+
+    # -- SpanProcessor ----------------------------------------------------------------------
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            buffer = self._buffers.get(span.context.trace_id)
+            if buffer is not None:
+                buffer.add(span)
+        except Exception as error:  # noqa: BLE001 - never raise into whoever ends the span
+            record_error("processor_on_end", error)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._buffers.clear()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+# -- the tracer tracerl uses ---------------------------------------------------------------
+_setup_lock = threading.Lock()
+_processor: CaptureProcessor | None = None
+_provider: TracerProvider | None = None
+_tracer: trace.Tracer | None = None
+
+
+def get_processor() -> CaptureProcessor:
+    _ensure_setup()
+    assert _processor is not None
+    return _processor
+
+
+def get_tracer() -> trace.Tracer:
+    tracer = _tracer
+    if tracer is None:
+        _ensure_setup()
+        tracer = _tracer
+    assert tracer is not None
+    return tracer
+
+
+def get_tracer_provider() -> TracerProvider:
+    _ensure_setup()
+    assert _provider is not None
+    return _provider
+
+
+def configure(tracer_provider: TracerProvider | None = None) -> CaptureProcessor:
+    """Attach tracerl's processor to ``tracer_provider``.
+
+    Without an argument: the global provider when it is an SDK ``TracerProvider`` (so
+    spans from other instrumentors and the MCP SDK are seen too), else a private one
+    (tracerl never replaces the global provider).  Calling it again with another
+    provider moves capture there.
+    """
+    global _processor, _provider, _tracer
+    with _setup_lock:
+        if tracer_provider is None:
+            if _provider is not None:
+                return _processor  # type: ignore[return-value]
+            global_provider = trace.get_tracer_provider()
+            tracer_provider = global_provider if isinstance(global_provider, TracerProvider) else TracerProvider()
+        if tracer_provider is _provider and _processor is not None:
+            return _processor
+        processor = _processor or CaptureProcessor()
+        tracer_provider.add_span_processor(processor)
+        _processor = processor
+        _provider = tracer_provider
+        _tracer = tracer_provider.get_tracer(semconv.SCOPE, "0.1.0")
+        return processor
+
+
+def _ensure_setup() -> None:
+    if _provider is None:
+        configure()

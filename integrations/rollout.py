@@ -1,0 +1,278 @@
+"""The rollout scope: one OpenTelemetry trace per attempt at a task.
+
+``async with rollout(model, task=...) as r:`` opens a root span and makes it (and the
+rollout) current through context variables, so everything the agent does inside —
+``asyncio.gather``, tasks it creates, ``asyncio.to_thread`` / ``run_in_executor`` with a
+copied context (LangChain and LangGraph do this for sync code) — lands in this rollout
+and no other.  On exit ``r.trajectory`` is the :class:`~tracerl.Trajectory` built from
+the trace's spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import uuid
+from contextvars import ContextVar
+from typing import Any, Awaitable, Callable, Iterable
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from tracerl.types import Trajectory, TrajectoryGroup
+
+from . import semconv
+from .health import guard, record_error
+from .processor import RolloutBuffer, get_processor, get_tracer
+
+_current: ContextVar["Rollout | None"] = ContextVar("tracerl_rollout", default=None)
+
+
+def current_rollout() -> "Rollout | None":
+    """The rollout the calling code runs in, if any."""
+    return _current.get()
+
+
+class Rollout:
+    """One attempt at a task; usable as ``async with``, ``with``, or a decorator."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        task: Any = None,
+        group: Any = None,
+        metadata: dict[str, Any] | None = None,
+        name: str = "rollout",
+    ) -> None:
+        self.model = model
+        self.task = task
+        self.group = group
+        self.name = name
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.metrics: dict[str, float | int | bool] = {}
+        self.reward: float = 0.0
+        self.output: Any = None
+        self.trajectory: Trajectory | None = None
+        self.id = uuid.uuid4().hex[:12]
+        self._span: Any = None
+        self._buffer: RolloutBuffer | None = None
+        self._tokens: list[Any] = []
+        self._trace_id: int | None = None
+
+    # -- scope ------------------------------------------------------------------------------
+    def _enter(self) -> "Rollout":
+        if self._span is not None:
+            raise RuntimeError("a Rollout object can be entered once; create a new one per attempt")
+        with guard("rollout_start"):
+            _note_model_endpoint(self.model)
+            attributes = {semconv.ROLLOUT_ID: self.id, semconv.OPERATION_NAME: semconv.OP_INVOKE_AGENT}
+            if self.task is not None:
+                attributes[semconv.ROLLOUT_TASK] = _short(self.task)
+            if self.group is not None:
+                attributes[semconv.ROLLOUT_GROUP] = _short(self.group)
+            model_name = _model_name(self.model)
+            if model_name:
+                attributes[semconv.ROLLOUT_MODEL] = model_name
+            # A fresh root: a rollout is one trace, even when started inside another one.
+            self._span = get_tracer().start_span(self.name, context=otel_context.Context(), attributes=attributes)
+            self._trace_id = self._span.get_span_context().trace_id
+            self._buffer = get_processor().begin(self._trace_id)
+            self._tokens.append(otel_context.attach(trace.set_span_in_context(self._span)))
+        self._tokens.append(_current.set(self))
+        return self
+
+    def _exit(self, error: BaseException | None) -> None:
+        _current.reset(self._tokens.pop())
+        trajectory: Trajectory | None = None
+        with guard("rollout_end"):
+            if self._tokens:
+                otel_context.detach(self._tokens.pop())
+            if self._span is not None:
+                if error is not None:
+                    self._span.record_exception(error)
+                    self._span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+                self._span.end()
+            buffer = get_processor().end(self._trace_id) if self._trace_id is not None else None
+            trajectory = self._convert(buffer or self._buffer)
+        if trajectory is None:
+            trajectory = Trajectory(messages_and_choices=[], logs=["tracerl capture failed for this rollout"])
+            trajectory.metrics["capture_failed"] = 1
+        self._finish(trajectory)
+
+    def _convert(self, buffer: RolloutBuffer | None) -> Trajectory:
+        from .convert import spans_to_trajectory
+
+        if buffer is None:
+            return Trajectory(messages_and_choices=[], logs=["rollout was not captured (too many active rollouts)"])
+        return spans_to_trajectory(buffer.spans, buffer.records, dropped_spans=buffer.dropped_spans)
+
+    def _finish(self, trajectory: Trajectory) -> None:
+        try:
+            trajectory.reward = float(self.reward)
+        except Exception as error:  # noqa: BLE001 - a bad reward is the user's; keep the trajectory
+            record_error("rollout_reward", error)
+        trajectory.metrics.update(self.metrics)
+        trajectory.metadata.update({k: v for k, v in self.metadata.items()})
+        if self.task is not None:
+            trajectory.metadata.setdefault("task", _jsonable(self.task))
+        if self.group is not None:
+            trajectory.metadata.setdefault("group", _jsonable(self.group))
+        trajectory.metadata.setdefault("rollout_id", self.id)
+        if self.output is not None:
+            with guard("rollout_output"):
+                trajectory.metadata.setdefault("output", _jsonable(self.output))
+        if self._trace_id is not None:
+            trajectory.trace_id = f"{self._trace_id:032x}"
+        self.trajectory = trajectory
+
+    async def __aenter__(self) -> "Rollout":
+        return self._enter()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._exit(exc)
+
+    def __enter__(self) -> "Rollout":
+        return self._enter()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._exit(exc)
+
+    # -- decorator ----------------------------------------------------------------------------
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``@rollout(model, task=...)``: each call runs in a fresh rollout and returns its Trajectory.
+
+        A number returned by ``fn`` becomes the reward; anything else is kept as ``rollout.output``
+        (and ``trajectory.metadata["output"]``).
+        """
+        template = dict(model=self.model, task=self.task, group=self.group, metadata=self.metadata, name=self.name)
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Trajectory:
+                async with Rollout(**template) as scope:
+                    scope._take_result(await fn(*args, **kwargs))
+                return scope.trajectory  # type: ignore[return-value]
+
+            return run_async
+
+        @functools.wraps(fn)
+        def run_sync(*args: Any, **kwargs: Any) -> Trajectory:
+            with Rollout(**template) as scope:
+                scope._take_result(fn(*args, **kwargs))
+            return scope.trajectory  # type: ignore[return-value]
+
+        return run_sync
+
+    def _take_result(self, result: Any) -> None:
+        if isinstance(result, bool) or result is None:
+            self.output = result
+        elif isinstance(result, (int, float)):
+            self.reward = float(result)
+        else:
+            self.output = result
+
+
+def rollout(
+    model: Any = None,
+    *,
+    task: Any = None,
+    group: Any = None,
+    metadata: dict[str, Any] | None = None,
+    name: str = "rollout",
+) -> Rollout:
+    """Open a rollout scope (``async with`` / ``with`` / decorator); see :class:`Rollout`."""
+    return Rollout(model, task=task, group=group, metadata=metadata, name=name)
+
+
+async def trajectory(
+    awaitable: Awaitable[Any],
+    model: Any = None,
+    *,
+    task: Any = None,
+    group: Any = None,
+    metadata: dict[str, Any] | None = None,
+) -> Trajectory:
+    """Run ``awaitable`` (e.g. ``agent(question)``) in its own rollout; return the trajectory.
+
+    A number it returns becomes the reward, anything else ``trajectory.metadata["output"]``
+    (when JSON-friendly).  Exceptions propagate (``trajectory_group`` records them).
+    """
+    async with Rollout(model, task=task, group=group, metadata=metadata) as scope:
+        scope._take_result(await awaitable)
+    assert scope.trajectory is not None
+    return scope.trajectory
+
+
+async def trajectory_group(
+    rollouts: Callable[[], Awaitable[Any]] | Iterable[Awaitable[Any]],
+    n: int | None = None,
+    *,
+    model: Any = None,
+    task: Any = None,
+    metadata: dict[str, Any] | None = None,
+) -> TrajectoryGroup:
+    """Run N attempts at one task concurrently, each in its own rollout, as a group.
+
+    ``rollouts`` is either a zero-argument async function called ``n`` times, or an
+    iterable of awaitables.  A failed attempt is kept in ``group.exceptions``.
+    """
+    if callable(rollouts):
+        if n is None:
+            raise ValueError("trajectory_group(fn, n=...) needs n when given a function")
+        awaitables = [rollouts() for _ in range(n)]
+    else:
+        awaitables = list(rollouts)
+    group_id = uuid.uuid4().hex[:8]
+    results = await asyncio.gather(
+        *(trajectory(a, model, task=task, group=group_id, metadata=metadata) for a in awaitables),
+        return_exceptions=True,
+    )
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result
+    kept = [r for r in results if isinstance(r, Trajectory)]
+    errors = [r for r in results if isinstance(r, Exception)]
+    return TrajectoryGroup(kept, exceptions=errors, metadata={"task": _jsonable(task)} if task is not None else {})
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _model_name(model: Any) -> str | None:
+    if model is None:
+        return None
+    getter = getattr(model, "get_inference_name", None)
+    try:
+        return str(getter()) if getter else str(getattr(model, "name", model))
+    except Exception:  # noqa: BLE001
+        return str(getattr(model, "name", ""))
+
+
+def _note_model_endpoint(model: Any) -> None:
+    """A trainable model's endpoint is ours: hooks ask it for token ids and logprobs."""
+    if model is not None and getattr(model, "trainable", False):
+        url = getattr(model, "inference_base_url", None)
+        if url:
+            from .endpoints import register_endpoint
+
+            register_endpoint(url)
+
+
+def _short(value: Any, limit: int = 500) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text[:limit]
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if hasattr(value, "model_dump"):
+        try:
+            return value.model_dump(mode="json")
+        except Exception:  # noqa: BLE001
+            pass
+    return repr(value)

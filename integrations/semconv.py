@@ -1,0 +1,63 @@
+"""Attribute names we write and read: OpenTelemetry GenAI / MCP semantic conventions,
+OpenInference's names (read only, for spans other instrumentors emit), and ``tracerl.*``.
+
+Only constants live here, so every other module spells a name the same way.
+"""
+
+from __future__ import annotations
+
+# -- OpenTelemetry GenAI semantic conventions ---------------------------------------
+OPERATION_NAME = "gen_ai.operation.name"
+PROVIDER_NAME = "gen_ai.provider.name"
+REQUEST_MODEL = "gen_ai.request.model"
+REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+RESPONSE_ID = "gen_ai.response.id"
+RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
+TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+CONVERSATION_ID = "gen_ai.conversation.id"
+ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+
+OP_CHAT = "chat"
+OP_EXECUTE_TOOL = "execute_tool"
+OP_INVOKE_AGENT = "invoke_agent"
+LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+
+# -- MCP semantic conventions --------------------------------------------------------
+MCP_METHOD_NAME = "mcp.method.name"
+MCP_SESSION_ID = "mcp.session.id"
+
+# -- tracerl's own ---------------------------------------------------------------------
+ROLLOUT_ID = "tracerl.rollout.id"
+ROLLOUT_TASK = "tracerl.rollout.task"
+ROLLOUT_GROUP = "tracerl.rollout.group"
+ROLLOUT_MODEL = "tracerl.rollout.model"
+LAYER = "tracerl.layer"
+"""Which tracerl hook wrote a span: ``openai``, ``litellm``, ``langchain``, ``mcp``."""
+STREAM = "tracerl.stream"
+TOKEN_IDS_REQUESTED = "tracerl.token_ids.requested"
+MCP_TOOLS = "tracerl.mcp.tools"
+"""JSON list of the tool schemas an MCP ``tools/list`` returned."""
+
+SCOPE = "tracerl.integrations"
+"""Instrumentation scope name of every span tracerl creates."""
+
+# -- OpenInference (read only) ---------------------------------------------------------
+OI_SPAN_KIND = "openinference.span.kind"
+OI_MODEL_NAME = "llm.model_name"
+OI_INPUT_MESSAGES = "llm.input_messages"
+OI_OUTPUT_MESSAGES = "llm.output_messages"
+OI_TOOLS = "llm.tools"
+OI_OUTPUT_VALUE = "output.value"
+OI_INPUT_VALUE = "input.value"
+OI_TOOL_NAME = "tool.name"

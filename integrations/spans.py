@@ -1,0 +1,204 @@
+"""Writing GenAI-semconv model-call spans (shared by the OpenAI, LiteLLM and LangChain hooks)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from opentelemetry import trace
+
+from . import semconv as sc
+from .messages import _plain, to_semconv, to_semconv_list
+from .processor import TokenRecord, get_processor, get_tracer
+
+_SPAN_KIND = trace.SpanKind.CLIENT
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def tool_definitions(tools: Any) -> list[dict[str, Any]]:
+    """OpenAI tool schemas -> semconv's flat ``{type, name, description, parameters}``."""
+    out = []
+    for tool in tools or ():
+        tool = _plain(tool)
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict):
+            out.append({"type": tool.get("type", "function"), **function})
+        elif isinstance(tool, dict):
+            out.append(tool)
+    return out
+
+
+def _given(value: Any) -> bool:
+    return value is not None and type(value).__name__ not in ("Omit", "NotGiven")
+
+
+def start_chat_span(
+    layer: str,
+    kwargs: dict[str, Any],
+    *,
+    provider: str,
+    base_url: Any = None,
+    token_ids_requested: bool = False,
+    messages: Any = None,
+) -> Any:
+    """Start (not make current) a ``chat {model}`` span describing the request in ``kwargs``."""
+    model = kwargs.get("model")
+    attributes: dict[str, Any] = {
+        sc.OPERATION_NAME: sc.OP_CHAT,
+        sc.PROVIDER_NAME: provider,
+        sc.LAYER: layer,
+        sc.INPUT_MESSAGES: _dumps(to_semconv_list(messages if messages is not None else kwargs.get("messages") or ())),
+    }
+    if _given(model):
+        attributes[sc.REQUEST_MODEL] = str(model)
+    tools = kwargs.get("tools")
+    if _given(tools) and tools:
+        attributes[sc.TOOL_DEFINITIONS] = _dumps(tool_definitions(tools))
+    temperature = kwargs.get("temperature")
+    if _given(temperature) and isinstance(temperature, (int, float)):
+        attributes[sc.REQUEST_TEMPERATURE] = float(temperature)
+    if base_url is not None:
+        attributes[sc.SERVER_ADDRESS] = str(base_url)
+    if kwargs.get("stream") is True:
+        attributes[sc.STREAM] = True
+    if token_ids_requested:
+        attributes[sc.TOKEN_IDS_REQUESTED] = True
+    return get_tracer().start_span(f"chat {model}", kind=_SPAN_KIND, attributes=attributes)
+
+
+def _extra(obj: Any, name: str) -> Any:
+    """A field a server added beyond the OpenAI schema (pydantic extra, dict key, attribute).
+
+    Pydantic models are read through ``model_extra`` / ``model_fields`` so that absent
+    names cost a dict lookup, not a raised-and-caught ``AttributeError``.
+    """
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(name)
+    fields = getattr(type(obj), "model_fields", None)
+    if fields is not None:
+        extra = obj.model_extra or {}
+        if name in extra:
+            return extra[name]
+        if name in fields:
+            return getattr(obj, name)
+        specific = extra.get("provider_specific_fields")
+        if specific is None and "provider_specific_fields" in fields:
+            specific = obj.provider_specific_fields
+        return specific.get(name) if isinstance(specific, dict) else None
+    value = getattr(obj, name, None)
+    if value is None:
+        specific = getattr(obj, "provider_specific_fields", None)
+        if isinstance(specific, dict):
+            value = specific.get(name)
+    return value
+
+
+def _logprob_values(logprobs: Any) -> list[float] | None:
+    content = logprobs.get("content") if isinstance(logprobs, dict) else getattr(logprobs, "content", None)
+    if not content:
+        return None
+    return [float(e["logprob"] if isinstance(e, dict) else e.logprob) for e in content]
+
+
+def finish_chat_span(span: Any, completion: Any) -> None:
+    """Record a (non-streamed) chat completion on ``span``, keep its token ids, end the span."""
+    choices = list(_attr(completion, "choices") or ())
+    outputs = []
+    finish_reasons = []
+    for choice in choices:
+        message = _message_dict(_attr(choice, "message"))
+        finish = _attr(choice, "finish_reason")
+        output = to_semconv({**message, "role": "assistant"})
+        output["finish_reason"] = finish
+        outputs.append(output)
+        finish_reasons.append(str(finish))
+    first = choices[0] if choices else None
+    record = None
+    if first is not None:
+        token_ids = _extra(first, "token_ids")
+        prompt_ids = _extra(completion, "prompt_token_ids") or _extra(first, "prompt_token_ids")
+        logprobs = _logprob_values(_attr(first, "logprobs"))
+        if token_ids is not None or prompt_ids is not None or logprobs is not None:
+            record = (list(prompt_ids) if prompt_ids is not None else None, _ints(token_ids), logprobs)
+    usage = _attr(completion, "usage")
+    end_chat_span(
+        span,
+        outputs,
+        response_id=_attr(completion, "id"),
+        model=_attr(completion, "model"),
+        finish_reasons=finish_reasons,
+        input_tokens=_attr(usage, "prompt_tokens"),
+        output_tokens=_attr(usage, "completion_tokens"),
+        tokens=record,
+    )
+
+
+def end_chat_span(
+    span: Any,
+    outputs: list[dict[str, Any]],
+    *,
+    response_id: Any = None,
+    model: Any = None,
+    finish_reasons: Iterable[str] = (),
+    input_tokens: Any = None,
+    output_tokens: Any = None,
+    tokens: tuple[list[int] | None, list[int] | None, list[float] | None] | None = None,
+) -> None:
+    attributes: dict[str, Any] = {sc.OUTPUT_MESSAGES: _dumps(outputs)}
+    if response_id:
+        attributes[sc.RESPONSE_ID] = str(response_id)
+    if model:
+        attributes[sc.RESPONSE_MODEL] = str(model)
+    reasons = [r for r in finish_reasons if r]
+    if reasons:
+        attributes[sc.RESPONSE_FINISH_REASONS] = reasons
+    if isinstance(input_tokens, int):
+        attributes[sc.USAGE_INPUT_TOKENS] = input_tokens
+    if isinstance(output_tokens, int):
+        attributes[sc.USAGE_OUTPUT_TOKENS] = output_tokens
+    span.set_attributes(attributes)  # one lock and one pass, not one per attribute
+    if tokens is not None:
+        context = span.get_span_context()
+        prompt_ids, token_ids, logprobs = tokens
+        get_processor().add_record(
+            context.trace_id,
+            TokenRecord(str(response_id) if response_id else None, context.span_id, prompt_ids, token_ids, logprobs),
+        )
+    span.end()
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    """An assistant message as a dict, reading SDK objects directly (cheaper than ``model_dump``)."""
+    if message is None:
+        return {}
+    if isinstance(message, dict):
+        return message
+    out: dict[str, Any] = {"content": getattr(message, "content", None)}
+    calls = getattr(message, "tool_calls", None)
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": getattr(call, "id", None),
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for call in calls
+        ]
+    return out
+
+
+def _attr(obj: Any, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _ints(values: Any) -> list[int] | None:
+    return None if values is None else [int(v) for v in values]

@@ -1,0 +1,197 @@
+"""Streamed chat completions: pass chunks through untouched, re-assemble them on the side,
+and end the span (with token ids, when the server streams them) once the stream is done."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+
+from .health import guard
+from .messages import to_semconv
+from .spans import _attr, _extra, _logprob_values, end_chat_span
+
+
+class ChunkAccumulator:
+    """Re-assembles ``ChatCompletionChunk``s (objects or dicts) into messages and token data."""
+
+    def __init__(self) -> None:
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.prompt_token_ids: list[int] | None = None
+        self.token_ids: list[int] | None = None
+        self.logprobs: list[float] | None = None
+        self.usage: Any = None
+
+    def add(self, chunk: Any) -> None:
+        self.response_id = self.response_id or _attr(chunk, "id")
+        self.model = self.model or _attr(chunk, "model")
+        prompt_ids = _extra(chunk, "prompt_token_ids")
+        if prompt_ids is not None and self.prompt_token_ids is None:
+            self.prompt_token_ids = [int(v) for v in prompt_ids]
+        usage = _attr(chunk, "usage")
+        if usage is not None:
+            self.usage = usage
+        for choice in _attr(chunk, "choices") or ():
+            index = _attr(choice, "index") or 0
+            state = self.choices.setdefault(index, {"content": [], "calls": {}, "finish_reason": None})
+            delta = _attr(choice, "delta")
+            content = _attr(delta, "content")
+            if content:
+                state["content"].append(content)
+            for call in _attr(delta, "tool_calls") or ():
+                slot = state["calls"].setdefault(_attr(call, "index") or 0, {"id": None, "name": [], "arguments": []})
+                slot["id"] = slot["id"] or _attr(call, "id")
+                function = _attr(call, "function")
+                if _attr(function, "name"):
+                    slot["name"].append(_attr(function, "name"))
+                if _attr(function, "arguments"):
+                    slot["arguments"].append(_attr(function, "arguments"))
+            if _attr(choice, "finish_reason"):
+                state["finish_reason"] = _attr(choice, "finish_reason")
+            if index == 0:
+                if prompt_ids is None and _extra(choice, "prompt_token_ids") is not None and self.prompt_token_ids is None:
+                    self.prompt_token_ids = [int(v) for v in _extra(choice, "prompt_token_ids")]
+                ids = _extra(choice, "token_ids")
+                if ids:
+                    self.token_ids = (self.token_ids or []) + [int(v) for v in ids]
+                values = _logprob_values(_attr(choice, "logprobs"))
+                if values:
+                    self.logprobs = (self.logprobs or []) + values
+
+    def finish(self, span: Any) -> None:
+        outputs = []
+        for index in sorted(self.choices):
+            state = self.choices[index]
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(state["content"]) or None}
+            calls = [
+                {
+                    "id": slot["id"],
+                    "type": "function",
+                    "function": {"name": "".join(slot["name"]), "arguments": "".join(slot["arguments"])},
+                }
+                for _, slot in sorted(state["calls"].items())
+            ]
+            if calls:
+                message["tool_calls"] = calls
+            elif message["content"] is None:
+                message["content"] = ""
+            output = to_semconv(message)
+            output["finish_reason"] = state["finish_reason"]
+            outputs.append(output)
+        tokens = None
+        if self.token_ids is not None or self.prompt_token_ids is not None or self.logprobs is not None:
+            tokens = (self.prompt_token_ids, self.token_ids, self.logprobs)
+        end_chat_span(
+            span,
+            outputs,
+            response_id=self.response_id,
+            model=self.model,
+            finish_reasons=[str(s["finish_reason"]) for _, s in sorted(self.choices.items()) if s["finish_reason"]],
+            input_tokens=_attr(self.usage, "prompt_tokens"),
+            output_tokens=_attr(self.usage, "completion_tokens"),
+            tokens=tokens,
+        )
+
+
+class _Recorder:
+    def __init__(self, stream: Any, span: Any, layer: str) -> None:
+        self._stream = stream
+        self._span = span
+        self._layer = layer
+        self._acc = ChunkAccumulator()
+        self._done = False
+
+    def _record(self, chunk: Any) -> None:
+        with guard(f"{self._layer}_stream_chunk"):
+            self._acc.add(chunk)
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        with guard(f"{self._layer}_stream_end"):
+            if error is not None:
+                self._span.record_exception(error)
+                self._span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+            self._acc.finish(self._span)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class StreamRecorder(_Recorder):
+    """Wraps a sync ``openai.Stream`` (or any chunk iterator)."""
+
+    def __init__(self, stream: Any, span: Any, layer: str) -> None:
+        super().__init__(stream, span, layer)
+        self._iterator = iter(stream)
+
+    def __iter__(self) -> "StreamRecorder":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            chunk = next(self._iterator)
+        except StopIteration:
+            self._finish()
+            raise
+        except Exception as error:
+            self._finish(error)
+            raise
+        self._record(chunk)
+        return chunk
+
+    def __enter__(self) -> "StreamRecorder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._stream, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._finish()
+
+
+class AsyncStreamRecorder(_Recorder):
+    """Wraps an ``openai.AsyncStream`` (or any async chunk iterator)."""
+
+    def __init__(self, stream: Any, span: Any, layer: str) -> None:
+        super().__init__(stream, span, layer)
+        self._iterator = stream.__aiter__()
+
+    def __aiter__(self) -> "AsyncStreamRecorder":
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            chunk = await self._iterator.__anext__()
+        except StopAsyncIteration:
+            self._finish()
+            raise
+        except Exception as error:
+            self._finish(error)
+            raise
+        self._record(chunk)
+        return chunk
+
+    async def __aenter__(self) -> "AsyncStreamRecorder":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        try:
+            close = getattr(self._stream, "close", None)
+            if close is not None:
+                result = close()
+                if hasattr(result, "__await__"):
+                    await result
+        finally:
+            self._finish()
