@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tracerl-installed
 
-.PHONY: install demo test clean
+VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
+
+.PHONY: install install-vllm demo test clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,10 +20,15 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# vLLM lives in its own runtime venv managed by tracerl (~3.5 GB, ~4 min once); if it cannot be
+# installed here, the demo falls back to the transformers server and the vLLM tests skip.
+install-vllm: $(STAMP)
+	-test -e $(VLLM_STAMP) || $(BIN)/python -m tracerl.inference.vllm_server install
+
+demo: install-vllm
 	$(BIN)/python examples/demo.py
 
-test: $(STAMP)
+test: install-vllm
 	$(BIN)/python -m pytest -q tests
 
 clean:

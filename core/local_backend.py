@@ -54,7 +54,7 @@ class LocalBackend:
         *,
         inference: InferenceKind | None = "auto",
         device: str | None = None,
-        micro_batch_tokens: int = 4096,
+        micro_batch_tokens: int = 2048,
         max_seq_len: int | None = 4096,
         server_options: dict[str, Any] | None = None,
     ) -> None:
@@ -216,6 +216,7 @@ class LocalBackend:
         model._step_cache = step
         if state.server is not None:
             await state.server.load_adapter(model.get_inference_name(step), str(final))
+            await _unload_quietly(state.server, model.get_inference_name(step - 2))  # keep the previous for stragglers
         model.inference_model_name = model.get_inference_name(step)
         metrics["step_seconds"] = time.monotonic() - started
         return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
@@ -272,6 +273,17 @@ class LocalBackend:
             sequences, [weight_of[s.trajectory_index] for s in sequences], max_tokens=self.micro_batch_tokens, pad_token_id=pad
         )
         return trainer.step(batches, config)
+
+
+async def _unload_quietly(server: Any, name: str) -> None:
+    """Free an old adapter so a long run does not accumulate one per step."""
+    unload = getattr(server, "unload_adapter", None)
+    if unload is None:
+        return
+    try:
+        await unload(name)
+    except Exception:  # noqa: BLE001 - it may never have been loaded (resume, step 0)
+        pass
 
 
 @contextlib.asynccontextmanager

@@ -55,6 +55,16 @@ class StepConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise: RSS only grows)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -168,6 +178,7 @@ class LoRATrainer:
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        _release_freed_memory()
         n = max(totals["tokens"], 1.0)
         metrics = {
             "loss": totals["loss"],

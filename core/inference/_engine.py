@@ -388,7 +388,7 @@ class GenerationEngine:
         if (token in self.eos_ids and not job.ignore_eos) or token in job.stop_token_ids:
             reason, text_ids = "stop", row.ids[:-1]
         text = None
-        if reason is None and job.stop:
+        if reason is None and job.stop and self._stop_in_tail(row.ids, job.stop):
             decoded = self.decode(row.ids)
             hits = [decoded.find(s) for s in job.stop if s in decoded]
             if hits:
@@ -409,6 +409,11 @@ class GenerationEngine:
         if all(result is not None for result in job.results) and not job.future.done():
             job.future.set_result(job.results)
         return True
+
+    def _stop_in_tail(self, ids: list[int], stops: list[str]) -> bool:
+        """Cheap check: a stop string completed by the newest token lies in the last few tokens' text."""
+        tail = self.decode(ids[-(4 * max(len(stop) for stop in stops) + 4) :])  # byte tokens: up to 4 a char
+        return any(stop in tail for stop in stops)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -187,7 +187,10 @@ class TransformersServer:
             top_logprobs=request.top_logprobs,
             ignore_eos=request.ignore_eos,
         )
-        results = await asyncio.wrap_future(self.engine.submit(job))
+        try:
+            results = await asyncio.wrap_future(self.engine.submit(job))
+        except ConfigError as error:  # the adapter was unloaded while the request waited
+            raise OpenAIError(str(error), status=404, type="not_found_error", param="model") from error
         choices = [self._choice(index, result, request, prompt_ids) for index, result in enumerate(results)]
         return chat_completion(
             model=request.model,

@@ -38,6 +38,16 @@ BREAKS_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 _MARKER = ".tracerl-vllm-complete"
 
 
+def _stop_when_parent_dies() -> None:
+    """In the child, before exec: ask Linux to SIGTERM vLLM if tracerl's process dies (even by SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux/glibc: stop() still stops it by process group
+        pass
+
+
 def runtime_dir() -> Path:
     """Where :func:`install_vllm_runtime` puts the vLLM venv (``$TRACERL_CACHE/vllm-venv``)."""
     return cache_dir() / "vllm-venv"
@@ -186,7 +196,12 @@ class VLLMServer:
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         started = time.monotonic()
         self.process = subprocess.Popen(
-            command, stdout=self._log_file, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
+            command,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=self.environment(),
+            start_new_session=True,
+            preexec_fn=_stop_when_parent_dies,
         )
         self.vllm_url = f"http://127.0.0.1:{port}"
         try:

@@ -1,0 +1,156 @@
+"""Per-call cost of capture, side by side, against a local OpenAI-compatible server.
+
+    python bench/capture_overhead.py [--calls 400] [--stream]
+
+Rows: the plain ``openai`` client (no instrumentation); tracerl's capture (OpenAI hook,
+calls inside rollouts of 10 calls, trajectories built); the same with the endpoint
+registered as tracerl-served, so requests also ask for token ids + logprobs (a bigger
+response to send and parse: that part is the server's and the SDK's, shown apart); and
+OpenInference's OpenAI instrumentation (SDK tracer provider, no exporter: its cheapest).
+The server runs in a separate process; modes are interleaved in blocks so drift in the
+machine's speed hits all of them alike.  "added" is the median minus the plain median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is the capital of France?"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look something up.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+        },
+    }
+]
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "capture_fake_server.py")], stdout=subprocess.PIPE, text=True
+    )
+    base_url = process.stdout.readline().strip()  # type: ignore[union-attr]
+    return process, base_url
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=400, help="calls per mode")
+    parser.add_argument("--block", type=int, default=20, help="calls per interleaved block")
+    parser.add_argument("--stream", action="store_true", help="streamed completions")
+    args = parser.parse_args()
+
+    from openai import OpenAI
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import tracerl.integrations as ti
+
+    process, base_url = start_server()
+    try:
+        client = OpenAI(base_url=base_url, api_key="x", max_retries=0)
+        oi_provider = TracerProvider()
+        oi = OpenAIInstrumentor()
+        capture_provider = TracerProvider()
+        ti.configure_tracing(capture_provider)
+
+        def call() -> tuple[float, float]:
+            started, cpu_started = time.perf_counter(), time.process_time()
+            result = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, stream=args.stream)
+            if args.stream:
+                for _ in result:
+                    pass
+            return (time.perf_counter() - started) * 1e6, (time.process_time() - cpu_started) * 1e6
+
+        def plain(n: int) -> list[tuple[float, float]]:
+            return [call() for _ in range(n)]
+
+        def tracerl(n: int, token_ids: bool = False) -> list[tuple[float, float]]:
+            ti.instrument("openai")
+            if token_ids:
+                ti.register_endpoint(base_url)
+            try:
+                out: list[tuple[float, float]] = []
+                while len(out) < n:
+                    scope = ti.rollout()
+                    calls = min(10, n - len(out))
+                    scope.__enter__()
+                    out.extend(call() for _ in range(calls))
+                    started = time.perf_counter()
+                    scope.__exit__(None, None, None)  # builds the trajectory
+                    convert_us.append((time.perf_counter() - started) * 1e6 / calls)
+                    captured.append(scope.trajectory.metrics["capture_model_calls"] == calls)
+                return out
+            finally:
+                ti.uninstrument("openai")
+                ti.unregister_endpoint(base_url)
+
+        def openinference(n: int) -> list[tuple[float, float]]:
+            oi.instrument(tracer_provider=oi_provider)
+            try:
+                return [call() for _ in range(n)]
+            finally:
+                oi.uninstrument()
+
+        convert_us: list[float] = []
+        captured: list[bool] = []
+        modes = {
+            "uninstrumented": plain,
+            "tracerl": tracerl,
+            "tracerl+token_ids": lambda n: tracerl(n, token_ids=True),
+            "openinference": openinference,
+        }
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
+        for fn in modes.values():  # warm-up: connections, imports, first spans
+            fn(10)
+        convert_us.clear()
+        captured.clear()
+        done = 0
+        while done < args.calls:
+            n = min(args.block, args.calls - done)
+            for name, fn in modes.items():
+                samples[name].extend(fn(n))
+            done += n
+        print(f"{args.calls} calls per mode{' (streamed)' if args.stream else ''}, server {base_url} (separate process)")
+        print("wall = latency seen by the agent; cpu = this process's CPU time per call (robust to a busy machine)")
+        header = f"{'mode':<20}" + "".join(f"{h:>12}" for h in ("wall med µs", "wall p90", "wall added", "cpu med µs", "cpu p90", "cpu added"))
+        print(header)
+        wall_base = statistics.median(w for w, _ in samples["uninstrumented"])
+        cpu_base = statistics.median(c for _, c in samples["uninstrumented"])
+        added: dict[str, tuple[float, float]] = {}
+        for name, values in samples.items():
+            walls, cpus = [w for w, _ in values], [c for _, c in values]
+            added[name] = (statistics.median(walls) - wall_base, statistics.median(cpus) - cpu_base)
+            print(
+                f"{name:<20}{statistics.median(walls):>12.0f}{percentile(walls, 0.9):>12.0f}{added[name][0]:>12.0f}"
+                f"{statistics.median(cpus):>12.0f}{percentile(cpus, 0.9):>12.0f}{added[name][1]:>12.0f}"
+            )
+        for column, index in (("wall", 0), ("cpu", 1)):
+            if added["openinference"][index] > 0:
+                ratio = added["tracerl"][index] / added["openinference"][index]
+                print(f"tracerl added / OpenInference added ({column}) = {ratio:.2f}")
+        print(
+            f"tracerl trajectory building at rollout end: median {statistics.median(convert_us):.0f} µs per call "
+            f"(not in the rows above); every call captured: {all(captured)}"
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
