@@ -120,3 +120,22 @@ def test_interrupted_checkpoint_write_is_ignored_on_resume(trained, tmp_path):
     assert model.run_dir.latest_step() == 3
     model.run_dir.clean_partial_writes()
     assert not partial.exists()
+
+
+def test_delete_checkpoints_keeps_latest_and_best(tmp_path, smol_path):
+    import asyncio
+
+    async def run():
+        model = tracerl.TrainableModel("pruned", "tests", "smollm2-135m", base_path=tmp_path)
+        backend = tracerl.LocalBackend(inference=None)
+        await model.register(backend)
+        for step in (1, 2, 3):  # copy-forward steps (no trainable group): cheap, still real checkpoints
+            group = tracerl.TrajectoryGroup([tracerl.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=1.0)])
+            await backend.train(model, [group])
+            await model.log([group], split="val", step=step, metrics={"reward": {1: 0.2, 2: 0.9, 3: 0.4}[step]})
+        deleted = await model.delete_checkpoints("val/reward")
+        await backend.close()
+        return model, deleted
+
+    model, deleted = asyncio.run(run())
+    assert deleted == [0, 1] and model.run_dir.checkpoint_steps() == [2, 3]
