@@ -210,7 +210,7 @@ def run_trl(args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
 
     def prompt_text(task: dict) -> str:
-        messages = [{"role": "system", "content": demo.SYSTEM}, {"role": "user", "content": demo.USER.format(**task)}]
+        messages = demo.first_turn_messages(task)
         return tokenizer.apply_chat_template(messages, tools=[demo.ADD_TOOL], tokenize=False, add_generation_prompt=True)
 
     train_tasks = demo.make_tasks(args.seed, 400)

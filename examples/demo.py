@@ -62,6 +62,15 @@ def worked_examples() -> list[dict]:
     return messages
 
 
+def first_turn_messages(task: dict[str, int]) -> list[dict]:
+    """What the agent sees before its first reply: instructions, worked examples, the task."""
+    return [
+        {"role": "system", "content": SYSTEM},
+        *worked_examples(),
+        {"role": "user", "content": f"What is {task['a']} + {task['b']}?"},
+    ]
+
+
 def make_tasks(seed: int, n: int) -> list[dict[str, int]]:
     rng = random.Random(seed)
     return [{"a": rng.randint(100, 999), "b": rng.randint(100, 999)} for _ in range(n)]
@@ -103,11 +112,7 @@ def score_call(choice: tracerl.Choice, task: dict[str, int]) -> tuple[float, boo
 async def rollout(model: tracerl.TrainableModel, task: dict[str, int], *, temperature: float, seed: int | None) -> tracerl.Trajectory:
     """One multi-turn attempt: tool call, tool result, final answer."""
     client = model.openai_client()
-    messages: list = [
-        {"role": "system", "content": SYSTEM},
-        *worked_examples(),
-        {"role": "user", "content": f"What is {task['a']} + {task['b']}?"},
-    ]
+    messages = first_turn_messages(task)
     trajectory = tracerl.Trajectory(messages_and_choices=list(messages), tools=[ADD_TOOL], metadata=dict(task))
 
     async def turn(max_tokens: int) -> tracerl.Choice:
