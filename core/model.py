@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .errors import CheckpointError, ConfigError
-from .storage import RunDir, atomic_write_text, validate_name
-from .types import Trajectory, TrajectoryGroup, dumps_jsonl
+from .storage import RunDir, atomic_write_text, dumps_jsonl, validate_name
+from .types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:  # pragma: no cover
     from openai import AsyncOpenAI

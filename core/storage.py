@@ -94,11 +94,15 @@ def atomic_write_text(path: Path, text: str) -> None:
 def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     """Append whole lines in one write, so a crash never leaves half a row behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = "".join(json.dumps(row, default=str) + "\n" for row in rows)
     with open(path, "a") as f:
-        f.write(payload)
+        f.write(dumps_jsonl(rows))
         f.flush()
         os.fsync(f.fileno())
+
+
+def dumps_jsonl(rows: Iterable[dict[str, Any]]) -> str:
+    """One JSON object per line (values JSON cannot hold are written as strings)."""
+    return "".join(json.dumps(row, default=str) + "\n" for row in rows)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -52,7 +52,6 @@ class StepConfig:
     importance_level: ImportanceLevel = ImportanceLevel.TOKEN
     kl_penalty_coef: float = 0.0
     max_grad_norm: float = 0.1
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _release_freed_memory() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import math
 import traceback as traceback_module
 import uuid
@@ -260,7 +259,3 @@ class DatasetBatch:
     step: int
     epoch: int
     epoch_step: int
-
-
-def dumps_jsonl(rows: Iterable[dict[str, Any]]) -> str:
-    return "".join(json.dumps(row, default=str) + "\n" for row in rows)
