@@ -3,12 +3,15 @@
     python bench/capture_overhead.py [--calls 400] [--stream]
 
 Rows: the plain ``openai`` client (no instrumentation); tracerl's capture (OpenAI hook,
-calls inside rollouts of 10 calls, trajectories built); the same with the endpoint
+calls inside rollouts of 10 calls; inside a rollout a call only records references and
+the real spans are made in one batch when the rollout ends, with the trajectory); the same with the endpoint
 registered as tracerl-served, so requests also ask for token ids + logprobs (a bigger
 response to send and parse: that part is the server's and the SDK's, shown apart); and
 OpenInference's OpenAI instrumentation (SDK tracer provider, no exporter: its cheapest).
 The server runs in a separate process; modes are interleaved in blocks so drift in the
 machine's speed hits all of them alike.  "added" is the median minus the plain median.
+The work tracerl does at rollout end (span materialisation + trajectory) is timed apart
+and shown per call, and a last line compares totals (call path + rollout end) too.
 """
 
 from __future__ import annotations
@@ -143,10 +146,14 @@ def main() -> None:
             if added["openinference"][index] > 0:
                 ratio = added["tracerl"][index] / added["openinference"][index]
                 print(f"tracerl added / OpenInference added ({column}) = {ratio:.2f}")
+        end_us = statistics.median(convert_us)
         print(
-            f"tracerl trajectory building at rollout end: median {statistics.median(convert_us):.0f} µs per call "
+            f"tracerl work at rollout end (spans materialised + trajectory built): median {end_us:.0f} µs per call "
             f"(not in the rows above); every call captured: {all(captured)}"
         )
+        if added["openinference"][1] > 0:
+            total = (added["tracerl"][1] + end_us) / added["openinference"][1]
+            print(f"tracerl total (cpu added + rollout-end work) / OpenInference added (cpu) = {total:.2f}")
     finally:
         process.terminate()
         process.wait(timeout=10)

@@ -2,8 +2,9 @@
 
 ``instrument()`` hooks the OpenAI SDK, LiteLLM, LangChain/LangGraph and the MCP client
 (those installed); ``async with rollout(model, task=...) as r:`` scopes one attempt and
-leaves ``r.trajectory``.  Importing this package stays light: hooks import their library
-only when enabled.
+leaves ``r.trajectory``.  ``export_to_langfuse()`` / ``export_to_otlp(url)`` also send
+the spans, rewards and RULER scores to an observability backend.  Importing this package
+stays light: hooks and exporters import their library only when enabled.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from . import langgraph
 from .convert import spans_to_trajectory
 from .endpoints import is_tracerl_endpoint, register_endpoint, unregister_endpoint
+from .export import export_scores, export_to_langfuse, export_to_otlp
 from .health import error_counts as capture_error_counts
 from .health import reset_error_counts
 from .instrument import instrument, uninstrument
@@ -25,6 +27,9 @@ __all__ = [
     "capture_error_counts",
     "configure_tracing",
     "current_rollout",
+    "export_scores",
+    "export_to_langfuse",
+    "export_to_otlp",
     "get_tracer_provider",
     "instrument",
     "is_tracerl_endpoint",

@@ -1,6 +1,9 @@
 """Hook for the MCP client: ``mcp.ClientSession.call_tool`` and ``list_tools``.
 
-Any transport (stdio, streamable HTTP) goes through ``ClientSession``.  A tool call
+Any transport (stdio, streamable HTTP) goes through ``ClientSession``, so one patch
+covers them (both are tested against real servers: ``tests/test_capture_mcp.py``,
+``tests/test_capture_mcp_http.py``).  Spans are started in the calling task's context,
+so a session shared by concurrent rollouts still puts each call in its own rollout.  A tool call
 becomes an ``execute_tool``-operation span named ``tools/call {name}`` with the MCP
 method, tool name, arguments, result text and error; ``tools/list`` records the tools
 offered (used as the trajectory's tools when no model call listed any).

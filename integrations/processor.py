@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from . import semconv
+from .deferred import PresetSpanIds, install_preset_ids
 from .health import record_error
 
 DEFAULT_MAX_SPANS = 20_000
@@ -140,6 +141,11 @@ def get_tracer() -> trace.Tracer:
     return tracer
 
 
+def get_span_ids() -> PresetSpanIds:
+    """The id generator of tracerl's tracer (lets deferred spans keep their ids)."""
+    return install_preset_ids(get_tracer())
+
+
 def get_tracer_provider() -> TracerProvider:
     _ensure_setup()
     assert _provider is not None
@@ -168,6 +174,7 @@ def configure(tracer_provider: TracerProvider | None = None) -> CaptureProcessor
         _processor = processor
         _provider = tracer_provider
         _tracer = tracer_provider.get_tracer(semconv.SCOPE, "0.1.0")
+        install_preset_ids(_tracer)
         return processor
 
 

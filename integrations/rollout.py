@@ -24,9 +24,12 @@ from tracerl.types import Trajectory, TrajectoryGroup
 
 from . import semconv
 from .health import guard, record_error
-from .processor import RolloutBuffer, get_processor, get_tracer
+from .deferred import PendingSpans
+from .processor import RolloutBuffer, get_processor, get_span_ids, get_tracer
 
 _current: ContextVar["Rollout | None"] = ContextVar("tracerl_rollout", default=None)
+_end_hooks: list[Callable[["Rollout"], None]] = []
+"""Called, each guarded, with a rollout just before its root span ends (exporters register here)."""
 
 
 def current_rollout() -> "Rollout | None":
@@ -60,6 +63,8 @@ class Rollout:
         self._buffer: RolloutBuffer | None = None
         self._tokens: list[Any] = []
         self._trace_id: int | None = None
+        self.pending_spans: PendingSpans | None = None
+        """Model-call spans recorded cheaply during the rollout, made real when it ends."""
 
     # -- scope ------------------------------------------------------------------------------
     def _enter(self) -> "Rollout":
@@ -79,6 +84,8 @@ class Rollout:
             self._span = get_tracer().start_span(self.name, context=otel_context.Context(), attributes=attributes)
             self._trace_id = self._span.get_span_context().trace_id
             self._buffer = get_processor().begin(self._trace_id)
+            if self._buffer is not None:
+                self.pending_spans = PendingSpans(get_span_ids())
             self._tokens.append(otel_context.attach(trace.set_span_in_context(self._span)))
         self._tokens.append(_current.set(self))
         return self
@@ -89,10 +96,16 @@ class Rollout:
         with guard("rollout_end"):
             if self._tokens:
                 otel_context.detach(self._tokens.pop())
+            pending, self.pending_spans = self.pending_spans, None  # calls still running later go eager
+            if pending is not None:
+                pending.materialize()
             if self._span is not None:
                 if error is not None:
                     self._span.record_exception(error)
                     self._span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+                for hook in _end_hooks:
+                    with guard("rollout_end_hook"):
+                        hook(self)
                 self._span.end()
             buffer = get_processor().end(self._trace_id) if self._trace_id is not None else None
             trajectory = self._convert(buffer or self._buffer)

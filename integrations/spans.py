@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Iterable
 
 from opentelemetry import trace
 
 from . import semconv as sc
+from .deferred import DeferredSpan
 from .messages import _plain, to_semconv, to_semconv_list
 from .processor import TokenRecord, get_processor, get_tracer
+from .rollout import current_rollout
 
 _SPAN_KIND = trace.SpanKind.CLIENT
 
@@ -44,7 +47,34 @@ def start_chat_span(
     token_ids_requested: bool = False,
     messages: Any = None,
 ) -> Any:
-    """Start (not make current) a ``chat {model}`` span describing the request in ``kwargs``."""
+    """Start (not make current) a ``chat {model}`` span describing the request in ``kwargs``.
+
+    Inside a rollout the span is a :class:`~.deferred.DeferredSpan`: the request is
+    snapshotted (the agent will append to its message list) and described when the
+    rollout materialises its spans; outside one, a real span starts now.
+    """
+    scope = current_rollout()
+    if scope is not None and scope.pending_spans is not None:
+        messages = messages if messages is not None else kwargs.get("messages") or ()
+        snapshot = [dict(m) if type(m) is dict else m for m in messages]
+        start = functools.partial(
+            _start_span, layer, dict(kwargs), provider, base_url, token_ids_requested, snapshot
+        )
+        return scope.pending_spans.open(start)
+    return _start_span(layer, kwargs, provider, base_url, token_ids_requested, messages)
+
+
+def _start_span(
+    layer: str,
+    kwargs: dict[str, Any],
+    provider: str,
+    base_url: Any,
+    token_ids_requested: bool,
+    messages: Any,
+    *,
+    context: Any = None,
+    start_time: int | None = None,
+) -> Any:
     model = kwargs.get("model")
     attributes: dict[str, Any] = {
         sc.OPERATION_NAME: sc.OP_CHAT,
@@ -66,7 +96,9 @@ def start_chat_span(
         attributes[sc.STREAM] = True
     if token_ids_requested:
         attributes[sc.TOKEN_IDS_REQUESTED] = True
-    return get_tracer().start_span(f"chat {model}", kind=_SPAN_KIND, attributes=attributes)
+    return get_tracer().start_span(
+        f"chat {model}", context=context, kind=_SPAN_KIND, attributes=attributes, start_time=start_time
+    )
 
 
 def _extra(obj: Any, name: str) -> Any:
@@ -105,8 +137,14 @@ def _logprob_values(logprobs: Any) -> list[float] | None:
     return [float(e["logprob"] if isinstance(e, dict) else e.logprob) for e in content]
 
 
-def finish_chat_span(span: Any, completion: Any) -> None:
-    """Record a (non-streamed) chat completion on ``span``, keep its token ids, end the span."""
+def finish_chat_span(span: Any, completion: Any, *, end_time: int | None = None) -> None:
+    """Record a (non-streamed) chat completion on ``span``, keep its token ids, end the span.
+
+    On a deferred span this only notes the completion; the work runs at materialisation.
+    """
+    if isinstance(span, DeferredSpan):
+        span.defer(finish_chat_span, completion)
+        return
     choices = list(_attr(completion, "choices") or ())
     outputs = []
     finish_reasons = []
@@ -135,6 +173,7 @@ def finish_chat_span(span: Any, completion: Any) -> None:
         input_tokens=_attr(usage, "prompt_tokens"),
         output_tokens=_attr(usage, "completion_tokens"),
         tokens=record,
+        end_time=end_time,
     )
 
 
@@ -148,6 +187,7 @@ def end_chat_span(
     input_tokens: Any = None,
     output_tokens: Any = None,
     tokens: tuple[list[int] | None, list[int] | None, list[float] | None] | None = None,
+    end_time: int | None = None,
 ) -> None:
     attributes: dict[str, Any] = {sc.OUTPUT_MESSAGES: _dumps(outputs)}
     if response_id:
@@ -169,7 +209,7 @@ def end_chat_span(
             context.trace_id,
             TokenRecord(str(response_id) if response_id else None, context.span_id, prompt_ids, token_ids, logprobs),
         )
-    span.end()
+    span.end(end_time)
 
 
 def _message_dict(message: Any) -> dict[str, Any]:

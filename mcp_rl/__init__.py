@@ -1,5 +1,44 @@
-"""MCP•RL (planned): discover an MCP server's tools, generate practice tasks, roll out, judge with RULER, train.
+"""MCP•RL: point tracerl at any MCP server; it discovers the tools, writes practice tasks,
+runs the agent, judges it with RULER and trains it.
 
-Not built yet; the pieces it will compose exist (``tracerl.integrations`` MCP capture,
-``tracerl.ruler``, ``tracerl.LocalBackend``).
+- ``server``: :class:`McpServerSpec` (stdio command or streamable-HTTP URL),
+  ``open_session`` and ``discover`` (tools, resources).
+- ``scenarios``: ``generate_scenarios`` (an LLM writes N tasks as strict JSON; tolerant
+  parse, one corrective re-ask, dedupe, on-disk cache) and JSONL save/load.
+- ``agent``: ``run_mcp_agent``, an OpenAI-client tool loop over the MCP tools inside
+  ``tracerl.rollout`` (capture builds the trajectory, token ids included).
+- ``train``: ``train_mcp_agent``, the recipe (discover → scenarios → gather groups →
+  RULER → ``backend.train`` → ``model.log``), resumable; ``tracerl mcp-rl`` on the CLI.
+
+Importing this package is light: the ``mcp`` SDK and LiteLLM load on first use.
 """
+
+from __future__ import annotations
+
+from .agent import DEFAULT_SYSTEM_PROMPT, openai_tools, run_mcp_agent
+from .scenarios import Scenario, ScenarioError, generate_scenarios, load_scenarios, parse_scenarios, save_scenarios
+from .server import Discovery, McpResource, McpServerError, McpServerSpec, McpTool, discover, open_session
+from .train import McpRLResult, prepare_scenarios, train_mcp_agent, train_mcp_agent_locally
+
+__all__ = [
+    "DEFAULT_SYSTEM_PROMPT",
+    "Discovery",
+    "McpRLResult",
+    "McpResource",
+    "McpServerError",
+    "McpServerSpec",
+    "McpTool",
+    "Scenario",
+    "ScenarioError",
+    "discover",
+    "generate_scenarios",
+    "load_scenarios",
+    "open_session",
+    "openai_tools",
+    "parse_scenarios",
+    "prepare_scenarios",
+    "run_mcp_agent",
+    "save_scenarios",
+    "train_mcp_agent",
+    "train_mcp_agent_locally",
+]

@@ -12,7 +12,7 @@ hits, spread) go into the group's ``metrics``, so ``model.log`` averages them in
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tracerl.errors import JudgeError
 from tracerl.types import TrajectoryGroup
@@ -24,6 +24,9 @@ from .types import RulerScores, TrajectoryScore
 logger = logging.getLogger("tracerl.ruler")
 
 DEFAULT_JUDGE_MODEL = "openai/o3"
+
+on_scores_applied: list[Callable[[TrajectoryGroup], None]] = []
+"""Called with each group :func:`apply_scores` returns (``tracerl.integrations.export_scores`` registers here)."""
 
 
 def group_name(group: TrajectoryGroup) -> str | None:
@@ -60,9 +63,15 @@ def apply_scores(group: TrajectoryGroup, scores: Sequence[TrajectoryScore]) -> T
         scored.append(copy)
     metrics = dict(group.metrics)
     metrics.update(getattr(scores, "metrics", {}))
-    return TrajectoryGroup(
+    result = TrajectoryGroup(
         scored, exceptions=list(group.exceptions), metadata=dict(group.metadata), metrics=metrics, logs=list(group.logs)
     )
+    for hook in on_scores_applied:
+        try:
+            hook(result)
+        except Exception:  # noqa: BLE001 - exporting scores must never break judging
+            logger.warning("a score hook failed", exc_info=True)
+    return result
 
 
 class RulerJudge:

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import uvicorn
-from starlette.applications import Starlette
+from loopback_app import LoopbackApp
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
@@ -70,47 +67,22 @@ def render_prompt(messages: list[dict[str, Any]]) -> str:
     return "".join(parts) + "<assistant>"
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(LoopbackApp):
     """Start with ``with FakeOpenAIServer() as server: server.base_url``."""
 
     def __init__(self, script: Callable[[dict[str, Any]], Reply] = default_script, *, delay_s: float = 0.0):
+        super().__init__()
         self.script = script
         self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
         self.responses: list[dict[str, Any]] = []
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self.port = _free_port()
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> "FakeOpenAIServer":
-        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.time() + 20
-        while not self._server.started:
-            if time.time() > deadline:
-                raise RuntimeError("fake server did not start")
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def __enter__(self) -> "FakeOpenAIServer":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+    def routes(self) -> list[Any]:
+        return [Route("/v1/chat/completions", self._chat, methods=["POST"])]
 
     # -- the endpoint -------------------------------------------------------------------------
     async def _chat(self, request: Request) -> Any:
@@ -210,10 +182,6 @@ class FakeOpenAIServer:
         yield "data: [DONE]\n\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":  # run standalone (e.g. for bench/capture_overhead.py): prints the base URL

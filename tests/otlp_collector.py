@@ -1,0 +1,147 @@
+"""A real OTLP/HTTP + Langfuse-ingestion endpoint on loopback, for the export tests.
+
+It accepts what a Langfuse server accepts and decodes it the same way: protobuf
+``ExportTraceServiceRequest`` bodies (gunzipped when ``Content-Encoding: gzip``) at
+``POST /api/public/otel/v1/traces`` (Basic auth required) and ``POST /v1/traces`` (plain
+OTLP, no auth), JSON scores at ``POST /api/public/scores`` and the key check at
+``GET /api/public/projects``.  Every span is recorded as a :class:`CollectedSpan`.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from loopback_app import LoopbackApp
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+@dataclass
+class CollectedSpan:
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    scope: str
+    attributes: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]]
+    resource: dict[str, Any]
+    path: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def any_value(value: Any) -> Any:
+    """An OTLP ``AnyValue`` as a Python value."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind)
+
+
+def _attributes(key_values: Any) -> dict[str, Any]:
+    return {kv.key: any_value(kv.value) for kv in key_values}
+
+
+class OTLPCollector(LoopbackApp):
+    """``with OTLPCollector(public_key, secret_key) as c:`` then ``c.url``, ``c.spans``, ``c.scores``."""
+
+    def __init__(self, public_key: str = "pk-lf-test", secret_key: str = "sk-lf-test") -> None:
+        super().__init__()
+        self.expected_auth = "Basic " + base64.b64encode(f"{public_key}:{secret_key}".encode()).decode()
+        self.spans: list[CollectedSpan] = []
+        self.scores: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self.rejected: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def routes(self) -> list[Any]:
+        return [
+            Route("/api/public/otel/v1/traces", self._traces, methods=["POST"]),
+            Route("/v1/traces", self._traces, methods=["POST"]),
+            Route("/api/public/scores", self._score, methods=["POST"]),
+            Route("/api/public/projects", self._projects, methods=["GET"]),
+        ]
+
+    # -- queries -----------------------------------------------------------------------------
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        deadline = time.time() + timeout_s
+        while not predicate():
+            if time.time() > deadline:
+                raise AssertionError(f"timed out; spans={[s.name for s in self.spans]} scores={self.scores}")
+            time.sleep(0.02)
+
+    def trace(self, trace_id: str) -> list[CollectedSpan]:
+        return [s for s in self.spans if s.trace_id == trace_id]
+
+    # -- endpoints ---------------------------------------------------------------------------
+    def _authorized(self, request: Request) -> bool:
+        ok = request.headers.get("authorization") == self.expected_auth
+        if not ok:
+            self.rejected.append(request.url.path)
+        return ok
+
+    async def _traces(self, request: Request) -> Response:
+        path = request.url.path
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.requests.append((path, headers))
+        if path.startswith("/api/public/") and not self._authorized(request):
+            return JSONResponse({"message": "Invalid credentials"}, status_code=401)
+        body = await request.body()
+        if headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        if headers.get("content-type") != "application/x-protobuf":
+            return JSONResponse({"message": "only OTLP/HTTP protobuf"}, status_code=415)
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(body)
+        for resource_spans in message.resource_spans:
+            resource = _attributes(resource_spans.resource.attributes)
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    self.spans.append(
+                        CollectedSpan(
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_span_id=span.parent_span_id.hex() or None,
+                            name=span.name,
+                            scope=scope_spans.scope.name,
+                            attributes=_attributes(span.attributes),
+                            events=[(e.name, _attributes(e.attributes)) for e in span.events],
+                            resource=resource,
+                            path=path,
+                            headers=headers,
+                        )
+                    )
+        return Response(ExportTraceServiceResponse().SerializeToString(), media_type="application/x-protobuf")
+
+    async def _score(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return JSONResponse({"message": "Invalid credentials"}, status_code=401)
+        body = await request.json()
+        if not {"traceId", "name", "value"} <= set(body):
+            return JSONResponse({"message": "traceId, name and value are required"}, status_code=400)
+        self.scores.append(body)
+        return JSONResponse({"id": body.get("id") or uuid.uuid4().hex})
+
+    async def _projects(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return JSONResponse({"message": "Invalid credentials"}, status_code=401)
+        return JSONResponse({"data": [{"id": "project-1", "name": "tracerl-test"}]})
+
+
