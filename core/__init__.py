@@ -15,6 +15,8 @@ from .errors import (
     ConfigError,
     InferenceServerError,
     JudgeError,
+    RemoteBackendError,
+    RemoteConnectionError,
     TooManyExceptionsError,
     TracerlError,
     TrajectoryError,
@@ -28,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracerl.integrations import rollout, trajectory, trajectory_group
 
     from .local_backend import LocalBackend
+    from .remote_backend import RemoteBackend
 
 __version__ = "0.1.0"
 
@@ -43,6 +46,9 @@ __all__ = [
     "JudgeError",
     "LocalBackend",
     "Model",
+    "RemoteBackend",
+    "RemoteBackendError",
+    "RemoteConnectionError",
     "TooManyExceptionsError",
     "TracerlError",
     "TrainResult",
@@ -61,6 +67,7 @@ __all__ = [
 
 _LAZY = {
     "LocalBackend": "tracerl.local_backend",
+    "RemoteBackend": "tracerl.remote_backend",
     "rollout": "tracerl.integrations",
     "trajectory": "tracerl.integrations",
     "trajectory_group": "tracerl.integrations",

@@ -1,6 +1,8 @@
 """The ``Backend`` interface: who serves and trains a ``TrainableModel``.
 
-Implementations: :class:`tracerl.LocalBackend` (this machine, CPU or GPU).  Backend
+Implementations: :class:`tracerl.LocalBackend` (this machine, CPU or GPU) and
+:class:`tracerl.RemoteBackend` (the HTTP client of ``tracerl serve``, which wraps a
+``LocalBackend`` on the machine with the GPUs, so rollouts can stay on a laptop).  Backend
 knobs are explicit keyword arguments of ``train``; an unknown keyword is a ``TypeError``.
 """
 
@@ -24,8 +26,11 @@ class Backend(Protocol):
     async def get_step(self, model: "Model") -> int:
         """The model's latest complete checkpoint step."""
 
+    async def list_checkpoints(self, model: "Model") -> list[int]:
+        """Steps of the model's complete checkpoints where this backend keeps them, oldest first."""
+
     async def delete_checkpoints(self, model: "Model", keep: list[int]) -> list[int]:
-        """Delete every checkpoint not in ``keep``; return the deleted steps."""
+        """Delete every checkpoint not in ``keep`` (the latest is always kept); return the deleted steps."""
 
     async def close(self) -> None:
         """Stop servers and release the trainer."""

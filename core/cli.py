@@ -85,5 +85,77 @@ def install_vllm() -> None:
     typer.echo(install_vllm_runtime())
 
 
+@app.command("serve")
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0: every interface; then set --token)."),
+    port: int = typer.Option(8000, help="Port for both the backend API and the OpenAI /v1 proxy."),
+    path: Path = typer.Option(Path(DEFAULT_BASE_PATH), help="Data directory (checkpoints, model.json)."),
+    inference: str = typer.Option("auto", help="auto | vllm | transformers | none (train without serving)."),
+    token: Optional[str] = typer.Option(None, envvar="TRACERL_SERVE_TOKEN", help="Bearer token clients must send."),
+) -> None:
+    """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
+    import uvicorn
+
+    from .local_backend import LocalBackend
+    from .serve import create_app
+
+    kind = None if inference == "none" else inference
+    try:
+        backend = LocalBackend(path, inference=kind)  # type: ignore[arg-type]
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--inference") from error
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    typer.echo(f"tracerl serve: backend at {url}  ->  tracerl.RemoteBackend({url!r}{', token=...' if token else ''})", err=True)
+    uvicorn.run(create_app(backend, token=token), host=host, port=port, log_level="info", access_log=False)
+
+
+@app.command("mcp-rl")
+def mcp_rl(
+    server_command: Optional[str] = typer.Option(None, help="Start the MCP server over stdio, e.g. \"python -m mcp_server_time\"."),
+    server_url: Optional[str] = typer.Option(None, help="Or reach it over streamable HTTP, e.g. http://127.0.0.1:8000/mcp."),
+    env: list[str] = typer.Option([], help="KEY=VALUE for the stdio server's environment (repeatable)."),
+    judge: str = typer.Option(..., help="RULER judge: a LiteLLM model string, or the model name at --judge-base-url."),
+    judge_base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint serving --judge."),
+    generator: str = typer.Option(..., help="Scenario generator: a LiteLLM model string, or the model name at --generator-base-url."),
+    generator_base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint serving --generator."),
+    name: str = typer.Option("mcp-agent", help="Model name (its run directory; rerun to resume)."),
+    project: str = typer.Option("mcp-rl", help="Project name."),
+    base_model: str = typer.Option("smollm2-135m", help="Base model to train a LoRA on."),
+    base_path: Path = typer.Option(Path(DEFAULT_BASE_PATH), help="Data directory."),
+    inference: str = typer.Option("auto", help="auto | vllm | transformers."),
+    steps: int = typer.Option(10, help="Train until this step."),
+    groups_per_step: int = typer.Option(2, help="Scenarios per step."),
+    rollouts_per_group: int = typer.Option(4, help="Attempts per scenario (RULER compares them)."),
+    num_scenarios: int = typer.Option(16, help="Train scenarios to generate."),
+    num_val: int = typer.Option(4, help="Val scenarios to generate."),
+    val_every: int = typer.Option(0, help="Run and log the val scenarios every N steps (0: never)."),
+    max_turns: int = typer.Option(5, help="Model calls per attempt."),
+    max_tokens: int = typer.Option(256, help="Tokens per model call."),
+    learning_rate: float = typer.Option(1e-5, help="Learning rate."),
+    instructions: Optional[str] = typer.Option(None, help="Extra instructions for the scenario generator."),
+    share_session: bool = typer.Option(False, help="One MCP connection per gather instead of one per attempt (stateless servers)."),
+) -> None:
+    """MCP•RL: discover an MCP server's tools, generate practice tasks, roll out, judge with RULER, train."""
+    import asyncio
+
+    from tracerl.mcp_rl.train import llm_target, server_spec, train_mcp_agent_locally
+
+    try:
+        spec = server_spec(server_command, server_url, env)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    result = asyncio.run(
+        train_mcp_agent_locally(
+            spec, name=name, project=project, base_model=base_model, base_path=base_path, inference=inference,
+            judge_model=llm_target(judge, judge_base_url), generator_model=llm_target(generator, generator_base_url),
+            steps=steps, groups_per_step=groups_per_step, rollouts_per_group=rollouts_per_group,
+            num_train_scenarios=num_scenarios, num_val_scenarios=num_val, val_every=val_every, max_turns=max_turns,
+            max_tokens=max_tokens, learning_rate=learning_rate, custom_instructions=instructions,
+            share_session=share_session,
+        )  # fmt: skip
+    )
+    typer.echo(f"{project}/{name}: at step {result.final_step}; scenarios in {result.scenarios_path}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -34,3 +34,16 @@ class JudgeError(TracerlError, RuntimeError):
 
 class TooManyExceptionsError(TracerlError, RuntimeError):
     """More rollouts failed during a gather than ``max_exceptions`` allows."""
+
+
+class RemoteBackendError(TracerlError, RuntimeError):
+    """``tracerl serve`` answered with an error (``status`` and the server-side ``error_type``)."""
+
+    def __init__(self, message: str, *, status: int | None = None, error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+
+
+class RemoteConnectionError(RemoteBackendError, ConnectionError):
+    """``tracerl serve`` could not be reached, or the connection broke mid-request."""

@@ -131,6 +131,9 @@ class LocalBackend:
     async def get_step(self, model: Model) -> int:
         return self._state(model).run_dir.latest_step() or 0
 
+    async def list_checkpoints(self, model: Model) -> list[int]:
+        return self._state(model).run_dir.checkpoint_steps()
+
     async def delete_checkpoints(self, model: Model, keep: list[int]) -> list[int]:
         run_dir = self._state(model).run_dir
         latest = run_dir.latest_step()

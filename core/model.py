@@ -165,12 +165,15 @@ class TrainableModel(Model):
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward", *, keep_last: int = 1) -> list[int]:
         """Delete checkpoints except the latest ``keep_last`` and the best by ``best_checkpoint_metric``.
 
-        Returns the deleted steps.
+        The steps come from the backend (a remote one keeps the checkpoints on its machine); the
+        best step from this model's ``history.jsonl``, where ``log`` writes.  Returns the deleted steps.
         """
         if self._backend is None:
             raise CheckpointError("register the model with a backend before deleting checkpoints")
+        if keep_last < 1:
+            raise ConfigError(f"keep_last must be at least 1 (the latest checkpoint is the one served), got {keep_last}")
         best = best_step(self.history(), best_checkpoint_metric)
-        steps = self.run_dir.checkpoint_steps()
+        steps = await self._backend.list_checkpoints(self)
         keep = set(steps[-keep_last:]) | ({best} if best is not None else set())
         return await self._backend.delete_checkpoints(self, keep=sorted(keep))
 

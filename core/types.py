@@ -14,7 +14,7 @@ import inspect
 import math
 import traceback as traceback_module
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -153,6 +153,38 @@ class Trajectory(History):
         """A JSON-ready dict (what ``trajectories/{split}/{step}.jsonl`` stores)."""
         return self.model_dump(mode="json")
 
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> "Trajectory":
+        """The inverse of :meth:`to_json_dict`: sampled turns come back as :class:`Choice`.
+
+        ``to_json_dict`` writes a ``Choice`` as ``{"message": ..., "token_ids": ...}``, which a plain
+        ``model_validate`` would keep as a context dict (weight 0): provenance would be lost.  Keys
+        that are not fields (``"group"`` in stored rows) are ignored.  Malformed data raises
+        :class:`TrajectoryError`.
+        """
+        if not isinstance(data, dict):
+            raise TrajectoryError(f"a stored trajectory must be a JSON object, got {type(data).__name__}")
+        try:
+            data = _with_choices(dict(data))
+            if isinstance(data.get("additional_histories"), list):
+                data["additional_histories"] = [_with_choices(h) for h in data["additional_histories"]]
+            return cls.model_validate(data)
+        except TrajectoryError:
+            raise
+        except (TypeError, ValueError, AttributeError) as error:  # pydantic's ValidationError is a ValueError
+            raise TrajectoryError(f"malformed trajectory: {error}") from error
+
+
+def _with_choices(history: Any) -> Any:
+    """A copy of a stored history dict whose sampled turns (``message`` but no ``role``) are ``Choice`` again."""
+    if not isinstance(history, dict) or not isinstance(history.get("messages_and_choices"), list):
+        return history  # anything else is left for validation to reject
+    items = [
+        Choice.model_validate(item) if isinstance(item, dict) and "message" in item and "role" not in item else item
+        for item in history["messages_and_choices"]
+    ]
+    return {**history, "messages_and_choices": items}
+
 
 @dataclass(frozen=True)
 class ExceptionRecord:
@@ -201,7 +233,7 @@ class TrajectoryGroup(BaseModel):
             elif isinstance(item, dict) and "message" in item and "traceback" in item:
                 records.append(ExceptionRecord(**item))
             else:
-                kept.append(item if isinstance(item, Trajectory) else Trajectory.model_validate(item))
+                kept.append(item if isinstance(item, Trajectory) else Trajectory.from_json_dict(item))
         super().__init__(trajectories=kept, exceptions=records, **kwargs)
         self._pending = pending
 
@@ -239,6 +271,35 @@ class TrajectoryGroup(BaseModel):
     @property
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """A dict for ``json.dumps`` (with ``default=str``, as storage writes): trajectories as
+        :meth:`Trajectory.to_json_dict`, exceptions as ``{type, message, traceback}``."""
+        return {
+            "trajectories": [t.to_json_dict() for t in self.trajectories],
+            "exceptions": [asdict(e) for e in self.exceptions],
+            "metadata": dict(self.metadata),
+            "metrics": dict(self.metrics),
+            "logs": list(self.logs),
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> "TrajectoryGroup":
+        """The inverse of :meth:`to_json_dict` (malformed data raises :class:`TrajectoryError`)."""
+        if not isinstance(data, dict):
+            raise TrajectoryError(f"a stored trajectory group must be a JSON object, got {type(data).__name__}")
+        try:
+            return cls(
+                [Trajectory.from_json_dict(t) for t in data.get("trajectories") or []],
+                exceptions=[ExceptionRecord(**e) for e in data.get("exceptions") or []],
+                metadata=data.get("metadata") or {},
+                metrics=data.get("metrics") or {},
+                logs=data.get("logs") or [],
+            )
+        except TrajectoryError:
+            raise
+        except (TypeError, ValueError, AttributeError) as error:
+            raise TrajectoryError(f"malformed trajectory group: {error}") from error
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,17 @@ def render_prompt(messages: list[dict[str, Any]]) -> str:
 class FakeOpenAIServer(LoopbackApp):
     """Start with ``with FakeOpenAIServer() as server: server.base_url``."""
 
-    def __init__(self, script: Callable[[dict[str, Any]], Reply] = default_script, *, delay_s: float = 0.0):
+    def __init__(
+        self,
+        script: Callable[[dict[str, Any]], Reply] = default_script,
+        *,
+        delay_s: float = 0.0,
+        prompt_ids_on_choice: bool = False,
+    ):
+        """``prompt_ids_on_choice``: streamed prompt ids also on the first chunk's choice, as
+        tracerl's servers send them (raw vLLM puts them on the chunk only)."""
         super().__init__()
+        self.prompt_ids_on_choice = prompt_ids_on_choice
         self.script = script
         self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
@@ -152,6 +161,8 @@ class FakeOpenAIServer(LoopbackApp):
         first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
         if "prompt_token_ids" in response:
             first["prompt_token_ids"] = response["prompt_token_ids"]
+            if self.prompt_ids_on_choice:
+                first["choices"][0]["prompt_token_ids"] = response["prompt_token_ids"]
         yield f"data: {json.dumps(first)}\n\n"
         # token ids / logprobs are spread over the content chunks; the rest go with the last chunk
         per_piece = max(1, len(ids) // (len(pieces) + 1)) if ids else 0

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tracerl
 from tracerl.storage import RunDir, atomic_dir
 
 EXPECTED_ALL = {
     "Backend", "CheckpointError", "Choice", "ConfigError", "DatasetBatch", "ExceptionRecord", "History",
-    "InferenceServerError", "JudgeError", "LocalBackend", "Model", "TooManyExceptionsError", "TracerlError",
-    "TrainResult", "TrainableModel", "Trajectory", "TrajectoryError", "TrajectoryGroup", "gather_trajectories",
-    "gather_trajectory_groups", "iterate_dataset", "retry", "rollout", "trajectory", "trajectory_group",
+    "InferenceServerError", "JudgeError", "LocalBackend", "Model", "RemoteBackend", "RemoteBackendError",
+    "RemoteConnectionError", "TooManyExceptionsError", "TracerlError", "TrainResult", "TrainableModel", "Trajectory",
+    "TrajectoryError", "TrajectoryGroup", "gather_trajectories", "gather_trajectory_groups", "iterate_dataset", "retry",
+    "rollout", "trajectory", "trajectory_group",
 }
 
 
@@ -38,6 +42,8 @@ def test_cli_help_explains_every_command():
 
 def test_errors_inherit_the_stdlib_error_they_replace():
     assert issubclass(tracerl.ConfigError, ValueError) and issubclass(tracerl.ConfigError, tracerl.TracerlError)
+    assert issubclass(tracerl.RemoteBackendError, RuntimeError) and issubclass(tracerl.RemoteBackendError, tracerl.TracerlError)
+    assert issubclass(tracerl.RemoteConnectionError, ConnectionError) and issubclass(tracerl.RemoteConnectionError, tracerl.RemoteBackendError)
 
 
 @pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "x" * 200, "a\\b", "..", "/abs"])
@@ -100,6 +106,89 @@ def test_best_checkpoint_is_kept(tmp_path):
 
     assert best_step([{"step": 1, "val/reward": 0.2}, {"step": 2, "val/reward": 0.9}, {"step": 3, "val/reward": 0.4}], "val/reward") == 2
     assert best_step([{"step": 1}], "val/reward") is None
+
+
+def _sampled(content, **extra):
+    return tracerl.Choice(
+        message={"role": "assistant", "content": content}, token_ids=[5, 6, 2], prompt_token_ids=[1, 2, 3],
+        logprobs=[-0.5, -0.25, -0.125], finish_reason="stop", response_id="chatcmpl-1", **extra,
+    )  # fmt: skip
+
+
+def _kinds(history):
+    return [type(item).__name__ for item in history.messages_and_choices]
+
+
+def test_stored_trajectories_read_back_with_sampled_turns_as_choices(tmp_path):
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+    side = tracerl.History(messages_and_choices=[{"role": "user", "content": "sub"}, _sampled("sub answer")], tools=[tool])
+    trajectory = tracerl.Trajectory(
+        messages_and_choices=[
+            {"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+            _sampled("", stop_reason=None), {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"}, _sampled("3"),
+        ],
+        tools=[tool], additional_histories=[side], reward=0.75, metrics={"turns": 2, "ok": True, "cost": 0.5},
+        metadata={"task": {"a": [1, 2]}}, logs=["hello"], trace_id="abc",
+    )  # fmt: skip
+    back = tracerl.Trajectory.from_json_dict(json.loads(json.dumps(trajectory.to_json_dict())))
+    assert back == trajectory and back.to_json_dict() == trajectory.to_json_dict()
+    assert _kinds(back) == ["dict", "dict", "Choice", "dict", "dict", "Choice"]
+    assert _kinds(back.additional_histories[0]) == ["dict", "Choice"] and back.additional_histories[0].tools == [tool]
+    assert back.sampled_turns()[0].model_extra == {"stop_reason": None}
+
+    group = tracerl.TrajectoryGroup([trajectory, ValueError("boom")], metadata={"task": "q"}, metrics={"m": 1})
+    model = tracerl.Model("reader", "p", base_path=tmp_path)
+    asyncio.run(model.log([group], split="train", step=3))
+    rows = [json.loads(line) for line in model.run_dir.trajectories_path("train", 3).read_text().splitlines()]
+    assert [tracerl.Trajectory.from_json_dict(row) for row in rows] == [trajectory]  # the "group" key is ignored
+
+    again = tracerl.TrajectoryGroup.from_json_dict(json.loads(json.dumps(group.to_json_dict())))
+    assert again == group and again.exceptions[0].type == "ValueError"
+    assert _kinds(tracerl.TrajectoryGroup([trajectory.to_json_dict()]).trajectories[0]) == _kinds(trajectory)
+    with pytest.raises(tracerl.TrajectoryError, match="malformed trajectory"):
+        tracerl.Trajectory.from_json_dict({"messages_and_choices": [], "reward": "lots"})
+    with pytest.raises(tracerl.TrajectoryError):
+        tracerl.Trajectory.from_json_dict([])
+    with pytest.raises(tracerl.TrajectoryError, match="malformed trajectory group"):
+        tracerl.TrajectoryGroup.from_json_dict({"trajectories": [], "exceptions": [{"kind": "x"}]})
+
+
+_text = st.text(max_size=6)
+_finite = st.floats(allow_nan=False, allow_infinity=False)
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**9), 10**9) | _finite | _text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
+    max_leaves=8,
+)
+_ids = st.none() | st.lists(st.integers(0, 50_000), max_size=4)
+_choice = st.builds(
+    tracerl.Choice,
+    message=st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none() | _text}),
+    token_ids=_ids, prompt_token_ids=_ids, logprobs=st.none() | st.lists(st.floats(-30, 0), max_size=4),
+    finish_reason=st.none() | st.sampled_from(["stop", "length", "tool_calls"]), index=st.integers(0, 3),
+    response_id=st.none() | _text,
+)  # fmt: skip
+_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": _text})
+_items = st.lists(_message | _choice, max_size=5)
+_tools = st.none() | st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.dictionaries(_text, _json, max_size=2)}), max_size=2)
+_trajectory = st.builds(
+    tracerl.Trajectory,
+    messages_and_choices=_items, tools=_tools,
+    additional_histories=st.lists(st.builds(tracerl.History, messages_and_choices=_items, tools=_tools), max_size=2),
+    reward=_finite, metrics=st.dictionaries(_text, st.booleans() | st.integers(-1000, 1000) | _finite, max_size=3),
+    metadata=st.dictionaries(_text, _json, max_size=3), logs=st.lists(_text, max_size=2), trace_id=st.none() | _text,
+)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(_trajectory)
+def test_from_json_dict_inverts_to_json_dict(trajectory):
+    back = tracerl.Trajectory.from_json_dict(json.loads(json.dumps(trajectory.to_json_dict())))
+    assert back == trajectory
+    for original, restored in zip(trajectory.histories(), back.histories(), strict=True):
+        assert _kinds(restored) == _kinds(original)
 
 
 async def _rollout(reward, fail=False):

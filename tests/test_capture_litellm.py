@@ -62,3 +62,25 @@ async def test_litellm_streaming_and_sync(server):
     assert text == "answer: lite-3" and sync.choices[0].message.content == "answer: lite-4"
     finals = sorted(h.messages_and_choices[-1].message["content"] for h in r.trajectory.histories())
     assert finals == ["answer: lite-3", "answer: lite-4"]
+
+
+@pytest.mark.parametrize("on_choice", [True, False], ids=["tracerl-server", "raw-vllm"])
+async def test_litellm_streaming_keeps_exact_tokens(on_choice):
+    """LiteLLM's stream wrapper drops unknown *chunk*-level fields but keeps choice-level ones;
+    tracerl's servers put the prompt ids on the first chunk's choice, so they survive."""
+    with FakeOpenAIServer(prompt_ids_on_choice=on_choice) as srv:
+        ti.register_endpoint(srv.base_url)
+        try:
+            async with ti.rollout() as r:
+                stream = await litellm.acompletion(
+                    model="hosted_vllm/m", base_url=srv.base_url, api_key="x",
+                    messages=[{"role": "user", "content": "lite-5"}], stream=True,
+                )
+                assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "answer: lite-5"
+        finally:
+            ti.unregister_endpoint(srv.base_url)
+    (turn,) = r.trajectory.sampled_turns()
+    server_choice = srv.responses[-1]["choices"][0]
+    assert turn.token_ids == server_choice["token_ids"]
+    assert turn.logprobs == [e["logprob"] for e in server_choice["logprobs"]["content"]]
+    assert turn.prompt_token_ids == (srv.responses[-1]["prompt_token_ids"] if on_choice else None)

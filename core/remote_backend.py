@@ -1,0 +1,215 @@
+"""``RemoteBackend``: the HTTP client of ``tracerl serve`` (DESIGN §5.7).
+
+Rollouts stay on this machine (a laptop); the LoRA is trained and served on another one.
+After ``register`` the model's inference endpoint is the server's ``/v1`` proxy, so
+``model.openai_client()`` and capture (token ids joined by response id) work exactly as
+with a :class:`~tracerl.LocalBackend`.  Groups travel in the same JSON format that
+``trajectories/{split}/{step}.jsonl`` stores (:meth:`Trajectory.to_json_dict`).
+
+Only httpx is imported here: an agent process that trains remotely never loads torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any, Iterable
+
+import httpx
+
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    InferenceServerError,
+    RemoteBackendError,
+    RemoteConnectionError,
+    TooManyExceptionsError,
+    TrajectoryError,
+)
+from .model import Model, TrainableModel
+from .types import TrainResult, TrajectoryGroup
+
+API = "/tracerl/v1"
+"""Prefix of the backend endpoints; bumped when the wire format changes incompatibly."""
+
+TOKEN_ENV = "TRACERL_SERVE_TOKEN"
+
+
+# Server-side error types re-raised client-side as the same class, so ``except ConfigError`` etc.
+# behave as with a LocalBackend.  TypeError (unknown train keyword) keeps its message unchanged.
+_SAME_CLASS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (ConfigError, TrajectoryError, CheckpointError, InferenceServerError, TooManyExceptionsError)
+}
+
+
+# -- wire format (shared with tracerl.serve) -----------------------------------------------------
+def encode_groups(groups: Iterable[TrajectoryGroup]) -> list[dict[str, Any]]:
+    """Groups as JSON-ready dicts (:meth:`TrajectoryGroup.to_json_dict`; trajectories as ``model.log`` stores them)."""
+    return [group.to_json_dict() for group in groups]
+
+
+def decode_groups(data: Any) -> list[TrajectoryGroup]:
+    """Inverse of :func:`encode_groups` (raises ``TrajectoryError`` on a malformed payload)."""
+    if not isinstance(data, list):
+        raise TrajectoryError(f"'groups' must be a list of trajectory groups, got {type(data).__name__}")
+    return [TrajectoryGroup.from_json_dict(group) for group in data]
+
+
+def dumps_body(body: dict[str, Any]) -> bytes:
+    """JSON like ``storage.dumps_jsonl`` (``default=str`` for odd metadata values)."""
+    return json.dumps(body, default=str).encode()
+
+
+# -- the client ----------------------------------------------------------------------------------
+class RemoteBackend:
+    """A :class:`~tracerl.Backend` whose models are trained and served by ``tracerl serve`` at ``url``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 60.0,
+        train_timeout: float | None = None,
+    ) -> None:
+        """``token`` defaults to ``$TRACERL_SERVE_TOKEN``.
+
+        ``timeout`` bounds quick calls (step, checkpoints, health) and connecting;
+        ``train_timeout`` bounds ``train`` and ``register`` (model loading), ``None``: no limit.
+        """
+        url = url.strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"RemoteBackend url must start with http:// or https://, got {url!r}")
+        self.url = url.removesuffix("/v1")
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.timeout = timeout
+        self.train_timeout = train_timeout
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- Backend --------------------------------------------------------------------------------
+    async def register(self, model: Model) -> None:
+        if not isinstance(model, TrainableModel):
+            return  # a prompted model needs no storage or serving from us
+        body = {
+            "name": model.name,
+            "project": model.project,
+            "base_model": model.base_model,
+            "lora_config": model.lora_config,
+        }
+        # the first registration loads the model and starts its inference server: minutes, not seconds
+        answer = await self._request("POST", f"{API}/models/register", "register", body, timeout=self.train_timeout)
+        model.inference_base_url = f"{self.url}/v1"
+        model.inference_api_key = self.token or "tracerl"
+        model._step_cache = int(answer["step"])
+        model.inference_model_name = answer["inference_model_name"]
+
+    async def train(self, model: Model, trajectory_groups: Iterable[TrajectoryGroup], **kwargs: Any) -> TrainResult:
+        """One GRPO step on the server; keywords are ``LocalBackend.train``'s (unknown ones: ``TypeError``)."""
+        trainable = self._trainable(model)
+        body = {"groups": encode_groups(trajectory_groups), "kwargs": kwargs}
+        answer = await self._request("POST", self._path(trainable, "train"), "train", body, timeout=self.train_timeout)
+        trainable._step_cache = int(answer["step"])
+        trainable.inference_model_name = answer.get("inference_model_name") or trainable.get_inference_name(answer["step"])
+        return TrainResult(
+            step=int(answer["step"]), metrics=dict(answer.get("metrics") or {}), checkpoint_path=answer.get("checkpoint_path")
+        )
+
+    async def get_step(self, model: Model) -> int:
+        answer = await self._request("GET", self._path(self._trainable(model), "step"), "get_step")
+        return int(answer["step"])
+
+    async def list_checkpoints(self, model: Model) -> list[int]:
+        """The checkpoint steps on the server (the local run directory has none)."""
+        answer = await self._request("GET", self._path(self._trainable(model), "checkpoints"), "list_checkpoints")
+        return [int(step) for step in answer["steps"]]
+
+    async def delete_checkpoints(self, model: Model, keep: list[int]) -> list[int]:
+        path = self._path(self._trainable(model), "delete_checkpoints")
+        answer = await self._request("POST", path, "delete_checkpoints", {"keep": list(keep)})
+        return [int(step) for step in answer["deleted"]]
+
+    async def close(self) -> None:
+        """Close the HTTP connections (the server and its models keep running)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def health(self) -> dict[str, Any]:
+        """The server's ``/tracerl/v1/health`` answer (raises ``RemoteConnectionError`` when down)."""
+        return await self._request("GET", f"{API}/health", "health")
+
+    async def __aenter__(self) -> "RemoteBackend":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- plumbing -------------------------------------------------------------------------------
+    @staticmethod
+    def _trainable(model: Model) -> TrainableModel:
+        if not isinstance(model, TrainableModel):
+            raise ConfigError(f"model {model.name!r} is not a TrainableModel; only those are trained and served")
+        return model
+
+    @staticmethod
+    def _path(model: TrainableModel, action: str) -> str:
+        return f"{API}/models/{model.project}/{model.name}/{action}"
+
+    def _http(self) -> httpx.AsyncClient:
+        """One client per event loop (an ``AsyncClient`` cannot move between loops)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            self._client = httpx.AsyncClient(base_url=self.url, headers=headers)
+            self._client_loop = loop
+        return self._client
+
+    async def _request(
+        self, method: str, path: str, what: str, body: dict[str, Any] | None = None, *, timeout: float | None | str = "default"
+    ) -> dict[str, Any]:
+        """Send one request; translate transport failures and error answers into tracerl errors."""
+        seconds = self.timeout if timeout == "default" else timeout
+        where = f"tracerl serve at {self.url}"
+        content = dumps_body(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        try:
+            response = await self._http().request(
+                method, path, content=content, headers=headers, timeout=httpx.Timeout(seconds, connect=min(self.timeout, 30.0))
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+            raise RemoteConnectionError(
+                f"cannot reach {where} ({what}): {type(error).__name__}: {error}. Is `tracerl serve` running there?"
+            ) from error
+        except httpx.TimeoutException as error:
+            raise RemoteBackendError(f"{where}: {what} timed out after {seconds} s") from error
+        except httpx.HTTPError as error:  # the server died or the connection dropped mid-request
+            raise RemoteConnectionError(f"lost the connection to {where} during {what}: {type(error).__name__}: {error}") from error
+        if response.status_code >= 400:
+            raise _error_from_response(response, where, what)
+        try:
+            answer = response.json()
+        except ValueError as error:
+            raise RemoteBackendError(f"{where}: {what} answered non-JSON: {response.text[:500]!r}") from error
+        if not isinstance(answer, dict):
+            raise RemoteBackendError(f"{where}: {what} answered {type(answer).__name__}, expected a JSON object")
+        return answer
+
+
+def _error_from_response(response: httpx.Response, where: str, what: str) -> Exception:
+    """The server's ``{"error": {"type", "message"}}`` as the matching exception."""
+    try:
+        error = response.json().get("error") or {}
+        error_type, message = str(error.get("type") or "HTTPError"), str(error.get("message") or "")
+    except (ValueError, AttributeError):
+        error_type, message = "HTTPError", response.text[:500]
+    status = response.status_code
+    if error_type == "TypeError":
+        return TypeError(message)
+    if error_type in _SAME_CLASS:
+        return _SAME_CLASS[error_type](f"{where}: {what} failed: {message}")
+    if status == 401:
+        message = f"{message} (pass token=... or set ${TOKEN_ENV})"
+    return RemoteBackendError(f"{where}: {what} failed ({status} {error_type}): {message}", status=status, error_type=error_type)

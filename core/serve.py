@@ -1,0 +1,288 @@
+"""``tracerl serve``: one ``LocalBackend`` behind HTTP, so rollouts can run elsewhere (DESIGN §5.7).
+
+Two surfaces on one port, so a laptop needs a single URL:
+
+- ``/tracerl/v1/...``: the :class:`~tracerl.Backend` calls of :class:`~tracerl.RemoteBackend`
+  (register, train, step, checkpoints, delete_checkpoints) plus an unauthenticated ``health``;
+- ``/v1/...``: the OpenAI routes rollouts use (``chat/completions`` streamed or not,
+  ``completions``, ``models``), proxied to the inference server of the model named in the
+  request.  Adapter loading is not exposed: ``train`` hot-loads the new step itself.
+
+Every error is answered as ``{"error": {"type", "message", "param", "code"}}`` (OpenAI's shape,
+with the Python exception type as ``type``) so clients can re-raise it, never as a bare 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import inspect
+import json
+import logging
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
+import httpx
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, Field, ValidationError
+
+from . import __version__
+from .errors import CheckpointError, ConfigError
+from .model import DEFAULT_BASE_PATH, TrainableModel
+from .remote_backend import API, decode_groups
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .backend import Backend
+
+log = logging.getLogger("tracerl.serve")
+
+
+class ServeError(Exception):
+    """An error with an explicit HTTP status and type name (auth, unknown model, bad upstream)."""
+
+    def __init__(self, status: int, type_name: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.type_name, self.message = status, type_name, message
+
+
+class RegisterRequest(BaseModel):
+    """What is needed to recreate the client's ``TrainableModel`` here."""
+
+    name: str
+    project: str
+    base_model: str
+    lora_config: dict[str, Any] = Field(default_factory=dict)
+
+
+def error_response(error: BaseException) -> JSONResponse:
+    """The JSON answer for ``error``: 4xx for the caller's mistakes, 500 (logged with traceback) otherwise."""
+    if isinstance(error, ServeError):
+        status, type_name, message = error.status, error.type_name, error.message
+    else:
+        type_name, message = type(error).__name__, str(error)
+        if isinstance(error, (TypeError, ValueError)):  # ConfigError, TrajectoryError, bad keywords
+            status = 400
+        elif isinstance(error, CheckpointError):
+            status = 409
+        else:
+            status = 500
+            log.error("tracerl serve: unexpected %s", type_name, exc_info=error)
+    body = {"error": {"type": type_name, "message": message, "param": None, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+class _JSONErrorRoute(APIRoute):
+    """Route class that turns any exception of an endpoint (dependencies included) into JSON."""
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as error:  # noqa: BLE001 - answered as JSON, logged when unexpected
+                if type(error).__name__ == "RequestValidationError":
+                    error = ServeError(400, "ValidationError", str(error))
+                return error_response(error)
+
+        return guarded
+
+
+class _State:
+    """The models served here (by name, as ``LocalBackend`` keys them) and their train locks."""
+
+    def __init__(self, backend: "Backend", base_path: Any) -> None:
+        self.backend = backend
+        self.base_path = base_path
+        self.models: dict[str, TrainableModel] = {}
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.register_lock = asyncio.Lock()
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:  # created inside the serving loop; no read timeout: generation can be slow
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+        return self._http
+
+    def model(self, project: str, name: str) -> TrainableModel:
+        model = self.models.get(name)
+        if model is None or model.project != project:
+            raise ServeError(404, "CheckpointError", f"model {project}/{name} is not registered here: register it first")
+        return model
+
+    def upstream(self, requested: Any) -> str:
+        """Inference base URL (``.../v1``) serving ``requested`` (``"name@step"``, ``"name"``)."""
+        served = {n: m.inference_base_url for n, m in self.models.items() if m.inference_base_url}
+        if not served:
+            raise ServeError(503, "InferenceServerError", "no model is being served here (register one; or the server runs with --inference none)")
+        name = str(requested or "").split("@", 1)[0]
+        if name in served:
+            return str(served[name])
+        if len(set(served.values())) == 1:  # one server: let it answer "base" or an unknown name itself
+            return str(next(iter(served.values())))
+        raise ServeError(404, "not_found_error", f"The model `{requested}` does not exist. Served: {sorted(served)}")
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+        await self.backend.close()
+
+
+def create_app(backend: "Backend", *, token: str | None = None, base_path: Any = None) -> FastAPI:
+    """The ``tracerl serve`` app around ``backend`` (closed when the app shuts down).
+
+    ``token``: when set, every route but ``/tracerl/v1/health`` needs ``Authorization: Bearer <token>``.
+    """
+    state = _State(backend, base_path or getattr(backend, "path", None) or DEFAULT_BASE_PATH)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await state.close()
+
+    async def authorize(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise ServeError(401, "Unauthorized", "missing or wrong bearer token for tracerl serve")
+
+    app = FastAPI(title="tracerl serve", version=__version__, lifespan=lifespan)
+    app.state.tracerl = state
+    public = APIRouter(route_class=_JSONErrorRoute)
+    router = APIRouter(route_class=_JSONErrorRoute, dependencies=[Depends(authorize)])
+
+    @public.get(f"{API}/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "version": __version__}
+
+    @router.post(f"{API}/models/register")
+    async def register(request: Request) -> dict[str, Any]:
+        try:
+            wanted = RegisterRequest.model_validate(await _json(request))
+        except ValidationError as error:
+            raise ConfigError(f"bad register request: {error}") from error
+        async with state.register_lock:
+            model = state.models.get(wanted.name)
+            if model is None:
+                model = TrainableModel(
+                    wanted.name, wanted.project, wanted.base_model, lora_config=wanted.lora_config, base_path=state.base_path
+                )
+                await backend.register(model)
+                state.models[model.name] = model
+                state.locks[model.name] = asyncio.Lock()
+            elif (model.project, model.base_model, model.lora_config) != (wanted.project, wanted.base_model, wanted.lora_config):
+                raise ConfigError(
+                    f"model {wanted.name!r} is already served here for project {model.project!r}, base_model "
+                    f"{model.base_model!r}, lora_config {model.lora_config}: use another name"
+                )
+        step = await backend.get_step(model)
+        return {"name": model.name, "project": model.project, "step": step, "inference_model_name": model.get_inference_name(step)}
+
+    @router.post(API + "/models/{project}/{name}/train")
+    async def train(project: str, name: str, request: Request) -> Response:
+        body = await _json(request)
+        kwargs = body.get("kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise ConfigError("'kwargs' must be a JSON object of train keyword arguments")
+        model = state.model(project, name)
+        inspect.signature(backend.train).bind(model, [], **kwargs)  # unknown keyword: TypeError before any work
+        groups = decode_groups(body.get("groups"))
+        async with state.locks[name]:  # one step at a time per model; others queue
+            result = await backend.train(model, groups, **kwargs)
+        return _answer(
+            {
+                "step": result.step,
+                "metrics": result.metrics,
+                "checkpoint_path": result.checkpoint_path,
+                "inference_model_name": model.get_inference_name(result.step),
+            }
+        )
+
+    @router.get(API + "/models/{project}/{name}/step")
+    async def get_step(project: str, name: str) -> dict[str, Any]:
+        return {"step": await backend.get_step(state.model(project, name))}
+
+    @router.get(API + "/models/{project}/{name}/checkpoints")
+    async def list_checkpoints(project: str, name: str) -> dict[str, Any]:
+        return {"steps": await backend.list_checkpoints(state.model(project, name))}
+
+    @router.post(API + "/models/{project}/{name}/delete_checkpoints")
+    async def delete_checkpoints(project: str, name: str, request: Request) -> dict[str, Any]:
+        keep = (await _json(request)).get("keep")
+        if not isinstance(keep, list) or not all(isinstance(k, int) for k in keep):
+            raise ConfigError("'keep' must be a list of checkpoint steps")
+        model = state.model(project, name)
+        async with state.locks[name]:
+            return {"deleted": await backend.delete_checkpoints(model, keep=keep)}
+
+    @router.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        data: list[Any] = []
+        for url in sorted({m.inference_base_url for m in state.models.values() if m.inference_base_url}):
+            response = await _upstream_call(state.http.get(f"{url}/models"))
+            data += response.json().get("data", [])
+        return {"object": "list", "data": data}
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _proxy(state, request, "/chat/completions")
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _proxy(state, request, "/completions")
+
+    app.include_router(public)
+    app.include_router(router)
+    return app
+
+
+def _answer(body: dict[str, Any]) -> Response:
+    """JSON that keeps NaN/inf metrics (Python's json reads them back); Starlette's JSONResponse would
+    refuse them and turn a finished training step into an error."""
+    return Response(json.dumps(body, default=str), media_type="application/json")
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as error:
+        raise ConfigError(f"the request body is not valid JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise ConfigError("the request body must be a JSON object")
+    return body
+
+
+async def _upstream_call(call: Any) -> httpx.Response:
+    try:
+        return await call
+    except httpx.HTTPError as error:
+        raise ServeError(502, "InferenceServerError", f"the inference server did not answer: {type(error).__name__}: {error}") from error
+
+
+async def _proxy(state: _State, request: Request, route: str) -> Response:
+    """Forward an OpenAI request to the model's server, streaming the answer (SSE or JSON) through."""
+    content = await request.body()
+    try:
+        requested = json.loads(content).get("model")
+    except (ValueError, AttributeError) as error:
+        raise ServeError(400, "invalid_request_error", f"the request body is not a JSON object: {error}") from error
+    upstream = state.upstream(requested)
+    outgoing = state.http.build_request("POST", upstream + route, content=content, headers={"content-type": "application/json"})
+    response = await _upstream_call(state.http.send(outgoing, stream=True))
+    return StreamingResponse(
+        _relay(response), status_code=response.status_code, media_type=response.headers.get("content-type", "application/json")
+    )
+
+
+async def _relay(response: httpx.Response) -> AsyncIterator[bytes]:
+    """Chunks as they come; the upstream response is closed even when the client goes away."""
+    try:
+        async for chunk in response.aiter_bytes():
+            yield chunk
+    finally:
+        await response.aclose()
