@@ -150,8 +150,12 @@ class Trajectory(History):
         return [item for h in self.histories() for item in h.messages_and_choices if isinstance(item, Choice)]
 
     def to_json_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (what ``trajectories/{split}/{step}.jsonl`` stores)."""
-        return self.model_dump(mode="json")
+        """A JSON-ready dict (what ``trajectories/{split}/{step}.jsonl`` stores).
+
+        Values JSON cannot represent (a task object in ``metadata``, say) are written as
+        ``str(value)`` rather than failing: a log step must never be lost to one odd value.
+        """
+        return self.model_dump(mode="json", fallback=str)
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> "Trajectory":

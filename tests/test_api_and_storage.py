@@ -191,6 +191,16 @@ def test_from_json_dict_inverts_to_json_dict(trajectory):
         assert _kinds(restored) == _kinds(original)
 
 
+def test_odd_metadata_values_are_logged_as_text_not_lost(tmp_path):
+    class Task:
+        def __str__(self) -> str:
+            return "task #7"
+
+    t = tracerl.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], metadata={"task": Task(), "tags": {"a"}})
+    stored = json.loads(json.dumps(t.to_json_dict()))
+    assert stored["metadata"] == {"task": "task #7", "tags": ["a"]}
+
+
 async def _rollout(reward, fail=False):
     await asyncio.sleep(0.001)
     if fail:
