@@ -19,3 +19,26 @@ def smol_tokenizer(smol_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smol_path)
+
+
+@pytest.fixture(scope="module")
+def served_fake():
+    """A loopback OpenAI-compatible server registered as tracerl-served, with the OpenAI hook on.
+
+    Stands in for a remote model server in the capture tests (real HTTP, real SDK)."""
+    import tracerl.integrations as ti
+    from capture_fake_server import FakeOpenAIServer
+
+    ti.instrument("openai")
+    with FakeOpenAIServer() as srv:
+        ti.register_endpoint(srv.base_url)
+        yield srv
+        ti.unregister_endpoint(srv.base_url)
+
+
+@pytest.fixture()
+def served_client(served_fake):
+    """An ``AsyncOpenAI`` client of :func:`served_fake`."""
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=served_fake.base_url, api_key="x", max_retries=0)

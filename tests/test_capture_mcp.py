@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from capture_fake_server import FakeOpenAIServer, Reply
-from capture_helpers import assert_tokens_match_server, roles, sampled
+from capture_helpers import assert_tokens_match_server, roles
 from openai import AsyncOpenAI
 
 import tracerl.integrations as ti

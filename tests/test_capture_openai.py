@@ -14,17 +14,13 @@ import tracerl.integrations as ti
 
 
 @pytest.fixture(scope="module")
-def server():
-    ti.instrument("openai")
-    with FakeOpenAIServer() as srv:
-        ti.register_endpoint(srv.base_url)
-        yield srv
-        ti.unregister_endpoint(srv.base_url)
+def server(served_fake):
+    return served_fake
 
 
 @pytest.fixture()
-def client(server):
-    return AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+def client(served_client):
+    return served_client
 
 
 async def test_multi_turn_tool_agent_becomes_one_trajectory_with_exact_tokens(server, client):

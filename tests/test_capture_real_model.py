@@ -10,7 +10,6 @@ Run with:  flock /tmp/tracerl-heavy.lock .venv/bin/python -m pytest -m real_mode
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-from capture_fake_server import FakeOpenAIServer
 from openai import AsyncOpenAI
 from opentelemetry import trace
 
@@ -15,12 +14,8 @@ from tracerl.integrations.processor import get_tracer
 
 
 @pytest.fixture(scope="module")
-def server():
-    ti.instrument("openai")
-    with FakeOpenAIServer() as srv:
-        ti.register_endpoint(srv.base_url)
-        yield srv
-        ti.unregister_endpoint(srv.base_url)
+def server(served_fake):
+    return served_fake
 
 
 async def test_malformed_span_attribute_is_counted_and_logged_once(server, caplog):

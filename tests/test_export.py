@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from capture_fake_server import FakeOpenAIServer
 from loopback_app import free_port as _free_port
 from capture_helpers import openai_tool_agent, sampled
-from openai import AsyncOpenAI
 from otlp_collector import OTLPCollector
 
 import tracerl
@@ -19,17 +17,13 @@ PK, SK = "pk-lf-test", "sk-lf-test"
 
 
 @pytest.fixture(scope="module")
-def server():
-    ti.instrument("openai")
-    with FakeOpenAIServer() as srv:
-        ti.register_endpoint(srv.base_url)
-        yield srv
-        ti.unregister_endpoint(srv.base_url)
+def server(served_fake):
+    return served_fake
 
 
 @pytest.fixture()
-def client(server):
-    return AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+def client(served_client):
+    return served_client
 
 
 @pytest.fixture(scope="module")
