@@ -40,20 +40,11 @@ async def run_agent(client: Any, model_name: str, question: str, *, max_turns: i
     """One rollout: MCP tools offered to the model, tool calls executed over MCP."""
     from mcp import ClientSession, stdio_client
 
+    from tracerl.mcp_rl.server import tools_from_listing
+
     async with stdio_client(time_server_params()) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
-        listed = await session.list_tools()
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": tool.name,
-                    "description": tool.description or "",
-                    "parameters": getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None),
-                },
-            }
-            for tool in listed.tools
-        ]
+        tools = [tool.to_openai() for tool in tools_from_listing(await session.list_tools())]
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
         for _ in range(max_turns):
             response = await client.chat.completions.create(

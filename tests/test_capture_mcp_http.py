@@ -11,6 +11,8 @@ import pytest
 from capture_fake_server import FakeOpenAIServer, Reply
 from capture_helpers import assert_tokens_match_server, roles
 from mcp_http_server import McpHttpServer
+
+from tracerl.mcp_rl.server import tools_from_listing
 from openai import AsyncOpenAI
 
 import tracerl
@@ -38,17 +40,7 @@ def streamable_http(url: str) -> Any:
 
 
 def mcp_tools_as_openai(listed: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": tool.name,
-                "description": tool.description or "",
-                "parameters": getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None),
-            },
-        }
-        for tool in listed.tools
-    ]
+    return [tool.to_openai() for tool in tools_from_listing(listed)]
 
 
 def calculator_script(body: dict[str, Any]) -> Reply:
