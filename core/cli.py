@@ -114,10 +114,12 @@ def mcp_rl(
     server_command: Optional[str] = typer.Option(None, help="Start the MCP server over stdio, e.g. \"python -m mcp_server_time\"."),
     server_url: Optional[str] = typer.Option(None, help="Or reach it over streamable HTTP, e.g. http://127.0.0.1:8000/mcp."),
     env: list[str] = typer.Option([], help="KEY=VALUE for the stdio server's environment (repeatable)."),
-    judge: str = typer.Option(..., help="RULER judge: a LiteLLM model string, or the model name at --judge-base-url."),
+    judge: Optional[str] = typer.Option(None, help="RULER judge: a LiteLLM model string, or the model name at --judge-base-url."),
     judge_base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint serving --judge."),
-    generator: str = typer.Option(..., help="Scenario generator: a LiteLLM model string, or the model name at --generator-base-url."),
+    check_answers: bool = typer.Option(False, help="No LLM judge: score 1 when the final answer contains the scenario's metadata.answer (needs --scenarios)."),
+    generator: Optional[str] = typer.Option(None, help="Scenario generator: a LiteLLM model string, or the model name at --generator-base-url."),
     generator_base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint serving --generator."),
+    scenarios: Optional[Path] = typer.Option(None, help="Tasks as JSONL ({\"task\", \"split\": train|val, \"metadata\": {\"answer\"}} per line) instead of --generator."),
     name: str = typer.Option("mcp-agent", help="Model name (its run directory; rerun to resume)."),
     project: str = typer.Option("mcp-rl", help="Project name."),
     base_model: str = typer.Option("smollm2-135m", help="Base model to train a LoRA on."),
@@ -135,19 +137,22 @@ def mcp_rl(
     instructions: Optional[str] = typer.Option(None, help="Extra instructions for the scenario generator."),
     share_session: bool = typer.Option(False, help="One MCP connection per gather instead of one per attempt (stateless servers)."),
 ) -> None:
-    """MCP•RL: discover an MCP server's tools, generate practice tasks, roll out, judge with RULER, train."""
+    """MCP•RL: discover an MCP server's tools, get practice tasks, roll out, judge (RULER or checked answers), train."""
     import asyncio
 
-    from tracerl.mcp_rl.train import llm_target, server_spec, train_mcp_agent_locally
+    from tracerl.mcp_rl.train import cli_judge, cli_scenarios, llm_target, server_spec, train_mcp_agent_locally
 
     try:
         spec = server_spec(server_command, server_url, env)
+        tasks = cli_scenarios(scenarios, generator)
+        checker = cli_judge(judge, check_answers)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
     result = asyncio.run(
         train_mcp_agent_locally(
             spec, name=name, project=project, base_model=base_model, base_path=base_path, inference=inference,
-            judge_model=llm_target(judge, judge_base_url), generator_model=llm_target(generator, generator_base_url),
+            judge=checker, judge_model=llm_target(judge, judge_base_url) if judge else None,
+            scenarios=tasks, generator_model=llm_target(generator, generator_base_url) if generator else None,
             steps=steps, groups_per_step=groups_per_step, rollouts_per_group=rollouts_per_group,
             num_train_scenarios=num_scenarios, num_val_scenarios=num_val, val_every=val_every, max_turns=max_turns,
             max_tokens=max_tokens, learning_rate=learning_rate, custom_instructions=instructions,

@@ -79,22 +79,29 @@ async def run_mcp_agent(
     temperature: float = 1.0,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     tools: Sequence[McpTool] | None = None,
+    few_shot: Sequence[dict[str, Any]] = (),
 ) -> tracerl.Trajectory:
     """One attempt at ``task``; returns the captured trajectory (reward 0, to be judged).
 
     ``spec_or_session``: an :class:`McpServerSpec` (a session is opened for this attempt,
     a stdio server started and stopped) or an open ``ClientSession`` shared by attempts.
     ``tools``: the tools to offer (default: ``list_tools`` on the session).
+    ``few_shot``: messages placed between the system prompt and the task (e.g. worked
+    examples: user, assistant with ``tool_calls``, tool, assistant); they help a small
+    model a lot and are never trained on.
     """
     import tracerl.integrations as ti
 
     ti.instrument("openai", "mcp")
     scenario = task if isinstance(task, Scenario) else Scenario(task=str(task))
-    metadata = {"scenario_id": scenario.id, "difficulty": scenario.difficulty}
+    metadata: dict[str, Any] = {"scenario_id": scenario.id, "difficulty": scenario.difficulty}
+    if scenario.metadata:
+        metadata["scenario_metadata"] = dict(scenario.metadata)
+    prompt = [{"role": "system", "content": system_prompt}, *few_shot, {"role": "user", "content": scenario.task}]
     async with tracerl.rollout(model, task=scenario.task, metadata=metadata) as r:
         async with _session(spec_or_session) as session:
             offered = tuple(tools) if tools is not None else tools_from_listing(await session.list_tools())
-            r.output = await _loop(r, model, session, offered, scenario.task, max_turns, max_tokens, temperature, system_prompt)
+            r.output = await _loop(r, model, session, offered, prompt, max_turns, max_tokens, temperature)
     assert r.trajectory is not None
     return r.trajectory
 
@@ -104,16 +111,15 @@ async def _loop(
     model: tracerl.Model,
     session: Any,
     tools: Sequence[McpTool],
-    task: str,
+    prompt: list[dict[str, Any]],
     max_turns: int,
     max_tokens: int,
     temperature: float,
-    system_prompt: str,
 ) -> str:
     client = model.openai_client()
     schemas = openai_tools(tools)
     known = {t.name for t in tools}
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}, {"role": "user", "content": task}]
+    messages = list(prompt)
     r.metrics.update(turns=0, tool_calls=0, tool_errors=0, finished=0)
     for _ in range(max_turns):
         response = await client.chat.completions.create(

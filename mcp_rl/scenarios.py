@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -40,18 +40,46 @@ class ScenarioError(TracerlError, ValueError):
 
 @dataclass(frozen=True)
 class Scenario:
-    """One practice task: what to ask the agent, and how hard the generator thinks it is (1-5)."""
+    """One practice task: what to ask the agent, and how hard the generator thinks it is (1-5).
+
+    ``metadata``: anything a verifier needs (e.g. ``{"answer": "82"}`` for
+    :class:`~tracerl.mcp_rl.ExpectedAnswerJudge`); saved with the scenario and copied into
+    each attempt's ``trajectory.metadata["scenario_metadata"]``.
+    """
 
     task: str
     difficulty: int = 3
     split: str = "train"
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def id(self) -> str:
         return hashlib.sha256(self.task.encode()).hexdigest()[:12]
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "task": self.task, "difficulty": self.difficulty, "split": self.split}
+        row = {"id": self.id, "task": self.task, "difficulty": self.difficulty, "split": self.split}
+        return {**row, "metadata": dict(self.metadata)} if self.metadata else row
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> "Scenario":
+        """The inverse of :meth:`to_json` (``difficulty``, ``split`` and ``metadata`` optional)."""
+        metadata = row.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be an object, got {type(metadata).__name__}")
+        return cls(
+            task=str(row["task"]), difficulty=int(row.get("difficulty", 3)), split=str(row.get("split", "train")), metadata=dict(metadata)
+        )
+
+    @classmethod
+    def coerce(cls, item: "Scenario | str | dict[str, Any]") -> "Scenario":
+        """A :class:`Scenario` from itself, a task string (a train scenario) or a JSON row."""
+        if isinstance(item, Scenario):
+            return item
+        if isinstance(item, str):
+            return cls(task=item)
+        if isinstance(item, dict):
+            return cls.from_json(item)
+        raise TypeError(f"a scenario is a Scenario, a task string or a dict, got {type(item).__name__}")
 
 
 # -- the request -------------------------------------------------------------------------------
@@ -253,8 +281,7 @@ def load_scenarios(path: str | os.PathLike[str]) -> list[Scenario]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-            out.append(Scenario(task=str(row["task"]), difficulty=int(row.get("difficulty", 3)), split=str(row.get("split", "train"))))
-        except (ValueError, KeyError, TypeError) as error:
+            out.append(Scenario.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ScenarioError(f"{path}:{number}: not a scenario row ({error})") from error
     return out

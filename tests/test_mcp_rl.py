@@ -402,6 +402,178 @@ def test_cli_mcp_rl_maps_options_to_the_recipe(monkeypatch, tmp_path):
     assert bad.exit_code != 0 and "exactly one of --server-command or --server-url" in bad.output
 
 
+# -- judges.py and the no-hosted-LLM path (scenarios=, judge=) ------------------------------------------------------------
+CALCULATOR = McpServerSpec(command=sys.executable, args=(str(EXAMPLES / "mcp_calculator_server.py"),))
+
+
+def answered(task: str, reply: str, **metadata: Any) -> tracerl.Trajectory:
+    return tracerl.Trajectory(
+        messages_and_choices=[{"role": "user", "content": task}, {"role": "assistant", "content": reply}],
+        metadata={"task": task, "scenario_metadata": metadata},
+    )
+
+
+def test_final_answer_matching_is_whole_token():
+    from tracerl.mcp_rl.judges import mentions
+
+    assert mentions("The answer is 82.", "82") and mentions("82", 82) and mentions("it's -82, I think", "82")
+    assert not mentions("182", "82") and not mentions("82.5", "82") and not mentions("828", "82") and not mentions("", "82")
+    calls = tracerl.Trajectory(messages_and_choices=[{"role": "assistant", "content": "82", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}])
+    assert tracerl.mcp_rl.final_answer(calls) == ""  # a tool call is not an answer
+
+
+async def test_expected_answer_judge_scores_groups_and_works_as_after_each():
+    from tracerl.mcp_rl import ExpectedAnswerJudge, Reward
+    from tracerl.ruler import Judge
+
+    judge = ExpectedAnswerJudge()
+    assert isinstance(judge, Judge)
+    group = tracerl.TrajectoryGroup([answered("What is 37 + 45?", "It is 82.", answer="82"), answered("What is 37 + 45?", "It is 81.", answer="82")])
+    scores = await judge.score_group(group)
+    assert [s.score for s in scores] == [1.0, 0.0] and [s.trajectory_id for s in scores] == [t.id for t in group.trajectories]
+    assert "contains '82'" in scores[0].explanation and scores[0].judge == "expected-answer"
+    [scored] = await tracerl.gather_trajectory_groups([group], pbar_desc=None, after_each=judge)
+    first = scored.trajectories[0]
+    assert first.reward == 1.0 and first.metrics["verified_reward"] == 1.0 and first.metrics["independent_reward"] == 0.0
+    assert first.metadata["judge"]["judge"] == "expected-answer" and first.logs[-1].startswith("expected-answer 1.000")
+    assert group.trajectories[0].reward == 0.0  # the input group is not modified
+
+    seen = []
+
+    async def shaped(task, trajectory):  # async, with an explanation and metrics
+        seen.append((task.task, task.metadata))
+        return Reward(0.25, "partial", {"tool_ok": 1.0})
+
+    [shaped_group] = await tracerl.gather_trajectory_groups([group], pbar_desc=None, after_each=ExpectedAnswerJudge(shaped, name="shaped"))
+    assert [t.reward for t in shaped_group.trajectories] == [0.25, 0.25] and shaped_group.trajectories[0].metrics["tool_ok"] == 1.0
+    assert seen[0] == ("What is 37 + 45?", {"answer": "82"})
+    tuple_judge = ExpectedAnswerJudge(lambda task, t: (1, "ok"))
+    assert [s.score for s in await tuple_judge.score_group(group)] == [1.0, 1.0]
+
+
+async def test_expected_answer_judge_failures_name_the_group_and_can_be_dropped():
+    from tracerl.errors import JudgeError
+    from tracerl.mcp_rl import ExpectedAnswerJudge, as_after_each
+
+    group = tracerl.TrajectoryGroup([answered("What is 1 + 1?", "2")], metadata={"scenario_id": "abc"})
+    with pytest.raises(JudgeError, match=r"no metadata\['answer'\]"):
+        await ExpectedAnswerJudge().score_group(group)
+    with pytest.raises(JudgeError, match=r"group 'abc': ValueError: boom"):
+        await ExpectedAnswerJudge(lambda task, t: (_ for _ in ()).throw(ValueError("boom"))).score_group(group)
+    with pytest.raises(JudgeError, match="finite number"):
+        await ExpectedAnswerJudge(lambda task, t: float("nan")).score_group(group)
+    assert await ExpectedAnswerJudge(swallow_exceptions=True)(group) is None
+    assert await as_after_each(ExpectedAnswerJudge())(group) is None  # dropped by default
+    empty = tracerl.TrajectoryGroup([])
+    assert await as_after_each(ExpectedAnswerJudge())(empty) is empty
+
+
+def test_scenario_metadata_roundtrips(tmp_path):
+    rows = [Scenario("What is 2 + 3?", metadata={"answer": "5"}), Scenario("x", split="val")]
+    path = save_scenarios(tmp_path / "s.jsonl", rows)
+    assert load_scenarios(path) == rows and json.loads(path.read_text().splitlines()[0])["metadata"] == {"answer": "5"}
+    assert "metadata" not in json.loads(path.read_text().splitlines()[1])
+    assert Scenario.coerce("t") == Scenario("t") and Scenario.coerce({"task": "t", "split": "val"}).split == "val"
+    assert hash(rows[0]) == hash(Scenario("What is 2 + 3?"))  # metadata does not make it unhashable
+
+
+def calculator_policy() -> Any:
+    """Calls the tool the task names with its numbers, then answers with the tool result: right the
+    first time it sees a task, off by one in b afterwards (so a group of two has one of each)."""
+    seen: set[str] = set()
+
+    def script(body: dict[str, Any]) -> Reply:
+        messages = body["messages"]
+        asked = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        task = messages[asked]["content"]
+        results = [m for m in messages[asked:] if m["role"] == "tool"]
+        if results:
+            return Reply(content=f"The answer is {results[-1]['content']}.")
+        a, op, b = task.removeprefix("What is ").removesuffix("?").split()
+        off = int(task in seen)
+        seen.add(task)
+        return Reply(tool_calls=[("add" if op == "+" else "multiply", {"a": int(a), "b": int(b) + off})])
+
+    return script
+
+
+async def test_recipe_without_hosted_llms_uses_given_scenarios_and_a_verifiable_judge(policy_server, tmp_path):
+    from tracerl.mcp_rl import ExpectedAnswerJudge
+
+    server, model = policy_server(calculator_policy())
+    model = tracerl.Model("calc", "tests", inference_base_url=model.inference_base_url, inference_model_name="m", base_path=tmp_path)
+    backend = RecordingBackend()
+    await model.register(backend)
+    tasks = [Scenario(f"What is {a} + {b}?", metadata={"answer": str(a + b)}) for a, b in [(37, 45), (120, 7)]]
+    tasks.append(Scenario("What is 6 * 7?", split="val", metadata={"answer": "42"}))
+    few_shot = [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "The answer is 2."}]
+    kwargs = dict(judge=ExpectedAnswerJudge(), scenarios=tasks, groups_per_step=2, rollouts_per_group=2, max_turns=2,
+                  val_every=1, val_at_start=True, val_rollouts=1, val_temperature=0.0, few_shot=few_shot, share_session=True)  # fmt: skip
+    result = await train_mcp_agent(model, backend, CALCULATOR, steps=1, **kwargs)
+    assert {t.name for t in result.discovery.tools} == {"add", "multiply"}
+    assert result.final_step == 1 and len(result.train_scenarios) == 2 and [s.task for s in result.val_scenarios] == ["What is 6 * 7?"]
+    assert load_scenarios(result.scenarios_path) == tasks  # saved with their answers
+    [(groups, _)] = backend.calls
+    for group in groups:
+        assert sorted(t.reward for t in group.trajectories) == [0.0, 1.0]
+        assert all(t.metadata["judge"]["judge"] == "expected-answer" for t in group.trajectories)
+        assert {t.metadata["scenario_metadata"]["answer"] for t in group.trajectories} == {str(eval(group.metadata["task"][8:-1]))}
+    history = model.history()
+    assert [(row["step"], "val/reward" in row) for row in history] == [(0, True), (1, False), (1, True)]
+    assert (history[0]["val/reward"], history[1]["train/reward"], history[2]["val/reward"]) == (1.0, 0.5, 0.0)
+    first_request = server.requests[0]
+    assert [m["role"] for m in first_request["messages"]] == ["system", "user", "assistant", "user"]  # few-shot before the task
+    val_requests = [r for r in server.requests if r["messages"][-1]["content"] == "What is 6 * 7?"]
+    assert val_requests and all(r["temperature"] == 0.0 for r in val_requests)
+    again = await train_mcp_agent(model, backend, CALCULATOR, steps=1, **kwargs)  # rerun: nothing to do, no second val at 0
+    assert again.rows == [] and [row["step"] for row in model.history()] == [0, 1, 1]
+
+
+def test_recipe_errors_when_judge_or_scenarios_are_missing():
+    import asyncio
+
+    from tracerl.mcp_rl import ExpectedAnswerJudge
+
+    with pytest.raises(ConfigError, match="no judge: pass judge="):
+        asyncio.run(train_mcp_agent(None, None, CALCULATOR, scenarios=["t"]))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="no scenarios: pass scenarios="):
+        asyncio.run(train_mcp_agent(None, None, CALCULATOR, judge=ExpectedAnswerJudge()))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not both"):
+        asyncio.run(train_mcp_agent(None, None, CALCULATOR, judge=ExpectedAnswerJudge(), judge_model="j", scenarios=["t"]))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="score_group"):
+        asyncio.run(train_mcp_agent(None, None, CALCULATOR, judge=lambda g: g, scenarios=["t"]))  # type: ignore[arg-type]
+
+
+def test_cli_mcp_rl_with_a_scenarios_file_and_checked_answers(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import tracerl.mcp_rl.train as recipe
+    from tracerl.cli import app
+    from tracerl.mcp_rl import ExpectedAnswerJudge
+
+    seen: dict[str, Any] = {}
+
+    async def fake(server, **kwargs):
+        seen.update(kwargs)
+        return recipe.McpRLResult(None, [], [], tmp_path / "s.jsonl", final_step=kwargs["steps"])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recipe, "train_mcp_agent_locally", fake)
+    tasks = [Scenario("What is 2 + 3?", metadata={"answer": "5"}), Scenario("What is 2 * 3?", split="val", metadata={"answer": "6"})]
+    path = save_scenarios(tmp_path / "tasks.jsonl", tasks)
+    base = ["mcp-rl", "--server-command", "python examples/mcp_calculator_server.py"]
+    done = CliRunner().invoke(app, [*base, "--scenarios", str(path), "--check-answers", "--steps", "2"])
+    assert done.exit_code == 0, done.output
+    assert seen["scenarios"] == tasks and isinstance(seen["judge"], ExpectedAnswerJudge)
+    assert seen["judge_model"] is None and seen["generator_model"] is None
+    for args, message in [
+        ([*base, "--check-answers"], "give --scenarios FILE.jsonl or a --generator"),
+        ([*base, "--scenarios", str(path)], "exactly one of --judge MODEL (RULER) or --check-answers"),
+        ([*base, "--scenarios", str(tmp_path / "none.jsonl"), "--judge", "j"], "no such file"),
+    ]:
+        bad = CliRunner().invoke(app, args)
+        assert bad.exit_code != 0 and message in " ".join(bad.output.replace("│", " ").split()), bad.output
+
+
 # -- the real model -------------------------------------------------------------------------------------------------
 @pytest.mark.real_model
 def test_example_trains_smollm2_one_step_on_the_time_server(tmp_path):
@@ -438,3 +610,30 @@ def test_example_trains_smollm2_one_step_on_the_time_server(tmp_path):
     trajectories = [json.loads(line) for line in (run / "trajectories" / "train" / "0001.jsonl").read_text().splitlines()]
     assert len(trajectories) == 4 and all(t["metrics"]["capture_turns_with_token_ids"] >= 1 for t in trajectories)
     assert result.final_step == 1
+
+
+@pytest.mark.real_model
+def test_calculator_example_runs_one_step_without_hosted_llms(tmp_path):
+    """examples/mcp_rl_calculator.py on the real model, tiny: the calculator MCP server over stdio,
+    given tasks, the verifiable judge; held-out eval at step 0, one GRPO step, a curve."""
+    pytest.importorskip("torch")
+    import subprocess
+
+    args = [
+        sys.executable, str(EXAMPLES / "mcp_rl_calculator.py"), "--steps", "1", "--groups-per-step", "2", "--rollouts", "2",
+        "--val-tasks", "2", "--eval-every", "100", "--max-tokens", "32", "--inference", "transformers",
+        "--data", str(tmp_path / "data"), "--plot", str(tmp_path / "curve.png"), "--seed", "3",
+    ]  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run = tmp_path / "data" / "mcp-rl" / "models" / "calculator-s3"
+    assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").exists()
+    rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    assert [(row["step"], "val/reward" in row) for row in rows] == [(0, True), (1, False)]
+    assert "train/reward" in rows[1] and "held-out reward: start" in out.stdout
+    trajectories = [json.loads(line) for line in (run / "trajectories" / "train" / "0001.jsonl").read_text().splitlines()]
+    assert len(trajectories) == 4
+    for t in trajectories:
+        assert t["metadata"]["judge"]["judge"] == "calculator" and 0.0 <= t["reward"] <= 1.0
+        assert t["metrics"]["capture_turns_with_token_ids"] >= 1 and {"tool_ok", "args_ok", "answer_ok"} <= set(t["metrics"])
+    assert (tmp_path / "curve.png").stat().st_size > 1000
