@@ -24,7 +24,7 @@ from . import semconv as sc
 from .health import guard, record_error
 from .messages import to_semconv
 from .processor import get_tracer
-from .spans import _dumps, end_chat_span, start_chat_span
+from .spans import _dumps, end_chat_span, end_with_error, start_chat_span
 
 _handler_var: ContextVar[Any] = ContextVar("tracerl_langchain_handler", default=None)
 _MAX_OPEN_RUNS = 10_000  # runs that never end (cancelled) must not grow memory without bound
@@ -155,10 +155,7 @@ def _end_with_error(span: Any, error: BaseException) -> None:
     if span is None:
         return
     with guard("langchain_error"):
-        span.record_exception(error)
-        span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
-        span.set_attribute(sc.ERROR_TYPE, type(error).__name__)
-        span.end()
+        end_with_error(span, error)
 
 
 def instrument() -> bool:

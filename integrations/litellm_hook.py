@@ -16,10 +16,11 @@ from opentelemetry import trace
 
 from .health import guard
 from .openai_hook import _detach, _fail, prepare_request
+from .patching import Patches
 from .spans import finish_chat_span, start_chat_span
 from .streams import AsyncStreamRecorder, StreamRecorder
 
-_originals: dict[str, Any] = {}
+_patches = Patches()
 
 
 def _begin(kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -44,6 +45,17 @@ def _positional(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[An
     return args, kwargs
 
 
+def _respond(span: Any, result: Any, recorder: type | None) -> Any:
+    """What the caller gets back: ``result``, or a recorder that finishes the span as it streams."""
+    if span is None:
+        return result
+    with guard("litellm_response"):
+        if recorder is not None:
+            return recorder(result, span, "litellm")
+        finish_chat_span(span, result)
+    return result
+
+
 def _wrap_sync(original: Any) -> Any:
     @functools.wraps(original)
     def completion(*args: Any, **kwargs: Any) -> Any:
@@ -56,13 +68,7 @@ def _wrap_sync(original: Any) -> Any:
             _fail(span, error)
             raise
         _detach(token)
-        if span is None:
-            return result
-        with guard("litellm_response"):
-            if kwargs.get("stream"):
-                return StreamRecorder(result, span, "litellm")
-            finish_chat_span(span, result)
-        return result
+        return _respond(span, result, StreamRecorder if kwargs.get("stream") else None)
 
     completion.__tracerl_original__ = original  # type: ignore[attr-defined]
     return completion
@@ -80,13 +86,7 @@ def _wrap_async(original: Any) -> Any:
             _fail(span, error)
             raise
         _detach(token)
-        if span is None:
-            return result
-        with guard("litellm_response"):
-            if kwargs.get("stream"):
-                return AsyncStreamRecorder(result, span, "litellm")
-            finish_chat_span(span, result)
-        return result
+        return _respond(span, result, AsyncStreamRecorder if kwargs.get("stream") else None)
 
     acompletion.__tracerl_original__ = original  # type: ignore[attr-defined]
     return acompletion
@@ -98,23 +98,14 @@ def instrument() -> bool:
         import litellm
     except ImportError:
         return False
-    if "completion" not in _originals:
-        _originals["completion"] = litellm.completion
-        litellm.completion = _wrap_sync(litellm.completion)
-    if "acompletion" not in _originals:
-        _originals["acompletion"] = litellm.acompletion
-        litellm.acompletion = _wrap_async(litellm.acompletion)
+    _patches.apply(litellm, "completion", _wrap_sync)
+    _patches.apply(litellm, "acompletion", _wrap_async)
     return True
 
 
 def uninstrument() -> None:
-    import litellm
-
-    if "completion" in _originals:
-        litellm.completion = _originals.pop("completion")
-    if "acompletion" in _originals:
-        litellm.acompletion = _originals.pop("acompletion")
+    _patches.restore()
 
 
 def is_instrumented() -> bool:
-    return bool(_originals)
+    return bool(_patches)

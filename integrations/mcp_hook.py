@@ -20,9 +20,11 @@ from opentelemetry import trace
 
 from . import semconv as sc
 from .health import guard
+from .patching import Patches
 from .processor import get_tracer
+from .spans import end_with_error
 
-_originals: dict[str, Any] = {}
+_patches = Patches()
 
 
 def result_text(result: Any) -> str:
@@ -34,13 +36,13 @@ def result_text(result: Any) -> str:
             parts.append(text)
         elif hasattr(block, "model_dump"):
             parts.append(json.dumps(block.model_dump(mode="json", exclude_none=True)))
-    structured = _field(result, "structured_content", "structuredContent")
+    structured = mcp_field(result, "structured_content", "structuredContent")
     if not parts and structured is not None:
         parts.append(json.dumps(structured, default=str))
     return "\n".join(parts)
 
 
-def _field(obj: Any, name: str, legacy: str) -> Any:
+def mcp_field(obj: Any, name: str, legacy: str) -> Any:
     """MCP 2.x names fields in snake_case, 1.x in camelCase."""
     value = getattr(obj, name, None)
     return getattr(obj, legacy, None) if value is None else value
@@ -62,10 +64,9 @@ def _end(span: Any, token: Any, error: BaseException | None = None) -> None:
             otel_context.detach(token)
         if span is not None:
             if error is not None:
-                span.record_exception(error)
-                span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
-                span.set_attribute(sc.ERROR_TYPE, type(error).__name__)
-            span.end()
+                end_with_error(span, error)
+            else:
+                span.end()
 
 
 def _wrap_call_tool(original: Any) -> Any:
@@ -87,7 +88,7 @@ def _wrap_call_tool(original: Any) -> Any:
         if span is not None:
             with guard("mcp_call_tool_result"):
                 span.set_attribute(sc.TOOL_CALL_RESULT, result_text(result))
-                if _field(result, "is_error", "isError"):
+                if mcp_field(result, "is_error", "isError"):
                     span.set_attribute(sc.ERROR_TYPE, "tool_error")
         _end(span, token)
         return result
@@ -112,7 +113,7 @@ def _wrap_list_tools(original: Any) -> Any:
                         "type": "function",
                         "name": tool.name,
                         "description": tool.description or "",
-                        "parameters": _field(tool, "input_schema", "inputSchema"),
+                        "parameters": mcp_field(tool, "input_schema", "inputSchema"),
                     }
                     for tool in result.tools
                 ]
@@ -130,23 +131,14 @@ def instrument() -> bool:
         from mcp import ClientSession
     except ImportError:
         return False
-    if "call_tool" not in _originals:
-        _originals["call_tool"] = ClientSession.call_tool
-        ClientSession.call_tool = _wrap_call_tool(ClientSession.call_tool)  # type: ignore[method-assign]
-    if "list_tools" not in _originals:
-        _originals["list_tools"] = ClientSession.list_tools
-        ClientSession.list_tools = _wrap_list_tools(ClientSession.list_tools)  # type: ignore[method-assign]
+    _patches.apply(ClientSession, "call_tool", _wrap_call_tool)
+    _patches.apply(ClientSession, "list_tools", _wrap_list_tools)
     return True
 
 
 def uninstrument() -> None:
-    from mcp import ClientSession
-
-    if "call_tool" in _originals:
-        ClientSession.call_tool = _originals.pop("call_tool")  # type: ignore[method-assign]
-    if "list_tools" in _originals:
-        ClientSession.list_tools = _originals.pop("list_tools")  # type: ignore[method-assign]
+    _patches.restore()
 
 
 def is_instrumented() -> bool:
-    return bool(_originals)
+    return bool(_patches)

@@ -18,10 +18,11 @@ from opentelemetry import trace
 from . import semconv as sc
 from .endpoints import is_tracerl_endpoint
 from .health import guard
-from .spans import finish_chat_span, start_chat_span
+from .patching import Patches
+from .spans import end_with_error, finish_chat_span, start_chat_span
 from .streams import AsyncStreamRecorder, StreamRecorder
 
-_originals: dict[str, Any] = {}
+_patches = Patches()
 
 
 def prepare_request(kwargs: dict[str, Any], base_url: Any) -> bool:
@@ -57,16 +58,29 @@ def _detach(token: Any) -> None:
 def _fail(span: Any, error: BaseException) -> None:
     if span is not None:
         with guard("openai_error"):
-            span.record_exception(error)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
-            span.set_attribute(sc.ERROR_TYPE, type(error).__name__)
-            span.end()
+            end_with_error(span, error)
 
 
 def _parsed(result: Any) -> Any:
     """The ChatCompletion behind a raw response (``with_raw_response``), else the result."""
     if type(result).__name__ == "LegacyAPIResponse" and hasattr(result, "parse"):
         return result.parse()
+    return result
+
+
+def _respond(span: Any, result: Any, stream_type: str, recorder: type) -> Any:
+    """What the caller gets back: ``result``, or a recorder that finishes the span as it streams."""
+    if span is None:
+        return result
+    with guard("openai_response"):
+        value = _parsed(result)
+        if value.__class__.__name__ == stream_type and (hasattr(value, "__iter__") or hasattr(value, "__aiter__")):
+            if value is result:
+                return recorder(value, span, "openai")
+            span.set_attribute(sc.STREAM, True)  # raw streaming response: request side only
+            span.end()
+            return result
+        finish_chat_span(span, value)
     return result
 
 
@@ -81,18 +95,7 @@ def _wrap_sync(original: Any) -> Any:
             _fail(span, error)
             raise
         _detach(token)
-        if span is None:
-            return result
-        with guard("openai_response"):
-            value = _parsed(result)
-            if value.__class__.__name__ == "Stream" and hasattr(value, "__iter__"):
-                if value is result:
-                    return StreamRecorder(value, span, "openai")
-                span.set_attribute(sc.STREAM, True)
-                span.end()
-                return result
-            finish_chat_span(span, value)
-        return result
+        return _respond(span, result, "Stream", StreamRecorder)
 
     create.__tracerl_original__ = original  # type: ignore[attr-defined]
     return create
@@ -109,18 +112,7 @@ def _wrap_async(original: Any) -> Any:
             _fail(span, error)
             raise
         _detach(token)
-        if span is None:
-            return result
-        with guard("openai_response"):
-            value = _parsed(result)
-            if value.__class__.__name__ == "AsyncStream" and hasattr(value, "__aiter__"):
-                if value is result:
-                    return AsyncStreamRecorder(value, span, "openai")
-                span.set_attribute(sc.STREAM, True)  # raw streaming response: request side only
-                span.end()
-                return result
-            finish_chat_span(span, value)
-        return result
+        return _respond(span, result, "AsyncStream", AsyncStreamRecorder)
 
     create.__tracerl_original__ = original  # type: ignore[attr-defined]
     return create
@@ -132,23 +124,14 @@ def instrument() -> bool:
         from openai.resources.chat.completions import AsyncCompletions, Completions
     except ImportError:
         return False
-    if "sync" not in _originals:
-        _originals["sync"] = Completions.create
-        Completions.create = _wrap_sync(Completions.create)  # type: ignore[method-assign]
-    if "async" not in _originals:
-        _originals["async"] = AsyncCompletions.create
-        AsyncCompletions.create = _wrap_async(AsyncCompletions.create)  # type: ignore[method-assign]
+    _patches.apply(Completions, "create", _wrap_sync)
+    _patches.apply(AsyncCompletions, "create", _wrap_async)
     return True
 
 
 def uninstrument() -> None:
-    from openai.resources.chat.completions import AsyncCompletions, Completions
-
-    if "sync" in _originals:
-        Completions.create = _originals.pop("sync")  # type: ignore[method-assign]
-    if "async" in _originals:
-        AsyncCompletions.create = _originals.pop("async")  # type: ignore[method-assign]
+    _patches.restore()
 
 
 def is_instrumented() -> bool:
-    return bool(_originals)
+    return bool(_patches)

@@ -212,6 +212,14 @@ def end_chat_span(
     span.end(end_time)
 
 
+def end_with_error(span: Any, error: BaseException) -> None:
+    """Mark ``span`` failed with ``error`` (exception event, ERROR status, ``error.type``) and end it."""
+    span.record_exception(error)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+    span.set_attribute(sc.ERROR_TYPE, type(error).__name__)
+    span.end()
+
+
 def _message_dict(message: Any) -> dict[str, Any]:
     """An assistant message as a dict, reading SDK objects directly (cheaper than ``model_dump``)."""
     if message is None:

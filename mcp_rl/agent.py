@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Sequence
 
 import tracerl
+from tracerl.integrations.mcp_hook import mcp_field
 from tracerl.integrations.mcp_hook import result_text as mcp_result_text
 
 from .scenarios import Scenario
@@ -38,7 +39,7 @@ def result_text(result: Any) -> str:
     """What the agent sees of an MCP ``CallToolResult``: the same text capture records,
     prefixed with ``Error:`` when the server flagged the call as failed."""
     text = mcp_result_text(result)
-    is_error = getattr(result, "is_error", None) or getattr(result, "isError", None)
+    is_error = mcp_field(result, "is_error", "isError")
     return f"Error: {text or 'the tool failed'}" if is_error else text
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
 from tracerl.errors import ConfigError, TracerlError
+from tracerl.integrations.mcp_hook import mcp_field
 
 
 class McpServerError(TracerlError, RuntimeError):
@@ -103,19 +104,13 @@ class Discovery:
         return [tool.to_openai() for tool in self.tools]
 
 
-def _field(obj: Any, name: str, legacy: str) -> Any:
-    """mcp 2.x names fields in snake_case, 1.x in camelCase."""
-    value = getattr(obj, name, None)
-    return getattr(obj, legacy, None) if value is None else value
-
-
 def tools_from_listing(listed: Any) -> tuple[McpTool, ...]:
     """``ListToolsResult`` -> :class:`McpTool` tuple."""
     return tuple(
         McpTool(
             name=str(tool.name),
             description=str(tool.description or ""),
-            input_schema=dict(_field(tool, "input_schema", "inputSchema") or {}),
+            input_schema=dict(mcp_field(tool, "input_schema", "inputSchema") or {}),
         )
         for tool in listed.tools
     )
@@ -204,7 +199,7 @@ async def _list_resources(session: Any) -> tuple[McpResource, ...]:
             uri=str(r.uri),
             name=str(r.name),
             description=str(r.description or ""),
-            mime_type=_field(r, "mime_type", "mimeType"),
+            mime_type=mcp_field(r, "mime_type", "mimeType"),
         )
         for r in listed.resources
     )
@@ -221,5 +216,5 @@ async def discover(spec_or_session: McpServerSpec | Any) -> Discovery:
     except Exception as error:
         raise McpServerError(f"listing the MCP server's tools failed: {_describe(error)}") from error
     result = getattr(session, "initialize_result", None)
-    info = _field(result, "server_info", "serverInfo") if result is not None and not callable(result) else None
+    info = mcp_field(result, "server_info", "serverInfo") if result is not None and not callable(result) else None
     return Discovery(tools=tools, resources=await _list_resources(session), server_name=getattr(info, "name", None))
