@@ -8,7 +8,7 @@ import statistics
 from typing import Any, Awaitable, Callable, Iterable
 
 from .errors import TooManyExceptionsError
-from .types import ExceptionRecord, Trajectory, TrajectoryGroup
+from .types import ExceptionRecord, Trajectory, TrajectoryGroup, group_scope
 
 AfterEach = Callable[[TrajectoryGroup], Awaitable[Any] | Any]
 
@@ -82,6 +82,7 @@ async def gather_trajectory_groups(
 
     async def finish(item: Awaitable[TrajectoryGroup] | TrajectoryGroup) -> list[TrajectoryGroup]:
         nonlocal dropped
+        group_scope()  # this task's rollouts are one group (one Langfuse session); its own context
         group = await item if inspect.isawaitable(item) else item
         progress.add(group.trajectories, len(group.exceptions))
         if progress.exceptions > budget:

@@ -7,11 +7,12 @@ by ``await model.register(backend)``.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .errors import CheckpointError, ConfigError
 from .storage import RunDir, atomic_write_text, dumps_jsonl, validate_name
@@ -23,6 +24,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .backend import Backend
 
 DEFAULT_BASE_PATH = ".tracerl"
+logger = logging.getLogger("tracerl")
+
+on_log: list[Callable[["Model", list[TrajectoryGroup], str, int, dict[str, Any]], Any]] = []
+"""Called with ``(model, groups, split, step, row)`` after each :meth:`Model.log` wrote its row
+(exporters and ``tracerl.integrations.wandb`` register here); a failing hook is logged, never raised."""
 
 
 class Model:
@@ -121,6 +127,11 @@ class Model:
                 {"group": gi, **t.to_json_dict()} for gi, group in enumerate(groups) for t in group.trajectories
             ]
             atomic_write_text(self.run_dir.trajectories_path(split, step), dumps_jsonl(rows))
+        for hook in on_log:
+            try:
+                hook(self, groups, split, step, row)
+            except Exception:  # noqa: BLE001 - dashboards must never break training
+                logger.warning("a model.log hook failed", exc_info=True)
         return row
 
     def history(self) -> list[dict[str, Any]]:

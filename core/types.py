@@ -14,6 +14,7 @@ import inspect
 import math
 import traceback as traceback_module
 import uuid
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Union
 
@@ -207,6 +208,23 @@ class ExceptionRecord:
         )
 
 
+_group_scope: ContextVar[str | None] = ContextVar("tracerl_group", default=None)
+
+
+def current_group_id() -> str | None:
+    """The id of the group whose rollouts run here (set while a group gathers its rollouts).
+
+    A rollout started without ``group=`` takes it, so the N attempts at one task share one
+    id (a Langfuse session) however the user builds the group.
+    """
+    return _group_scope.get()
+
+
+def group_scope(group_id: str | None = None) -> Any:
+    """Run what follows (and the tasks it creates) as the rollouts of one group; returns the token."""
+    return _group_scope.set(group_id or uuid.uuid4().hex[:8])
+
+
 class TrajectoryGroup(BaseModel):
     """All attempts at one task; GRPO compares their rewards with each other."""
 
@@ -249,7 +267,11 @@ class TrajectoryGroup(BaseModel):
         A rollout that raises becomes an :class:`ExceptionRecord`; nothing is lost.
         """
         pending, self._pending = self._pending, []
-        results = await asyncio.gather(*pending, return_exceptions=True)
+        token = group_scope(current_group_id())  # the tasks gather creates copy this context
+        try:
+            results = await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            _group_scope.reset(token)
         for result in results:
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):  # KeyboardInterrupt, CancelledError...

@@ -20,6 +20,7 @@ from uuid import UUID
 
 from opentelemetry import trace
 
+from . import layers
 from . import semconv as sc
 from .health import guard, record_error
 from .messages import to_semconv
@@ -71,12 +72,14 @@ def _make_handler_class() -> type:
                     "langchain", request, provider=str(provider), messages=_openai_messages(messages[0] if messages else [])
                 )
                 self._open(run_id, span)
+                layers.langchain_run_started(run_id, span)
 
         def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
             span = self._spans.pop(run_id, None)
             if span is None:
                 return
             with guard("langchain_chat_end"):
+                layers.langchain_run_ended(run_id, span)
                 generations = response.generations[0] if response.generations else []
                 outputs, reasons = [], []
                 response_id = (response.llm_output or {}).get("id")
@@ -109,7 +112,9 @@ def _make_handler_class() -> type:
                 )
 
         def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-            _end_with_error(self._spans.pop(run_id, None), error)
+            span = self._spans.pop(run_id, None)
+            layers.langchain_run_ended(run_id, span)
+            _end_with_error(span, error)
 
         # -- tools -----------------------------------------------------------------------------------
         def on_tool_start(

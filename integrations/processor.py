@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
-from . import semconv
+from . import layers, semconv
 from .deferred import PresetSpanIds, install_preset_ids
 from .health import record_error
 
@@ -101,9 +101,10 @@ class CaptureProcessor(SpanProcessor):
 
     # -- SpanProcessor ----------------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        return None
+        layers.on_start(span, parent_context)  # one request seen by two layers: the outer one is a span
 
     def on_end(self, span: ReadableSpan) -> None:
+        layers.note_end(span)
         try:
             buffer = self._buffers.get(span.context.trace_id)
             if buffer is not None:

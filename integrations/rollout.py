@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from tracerl.types import Trajectory, TrajectoryGroup
+from tracerl.types import Trajectory, TrajectoryGroup, current_group_id
 
 from . import semconv
 from .health import guard, record_error
@@ -28,6 +28,8 @@ from .deferred import PendingSpans
 from .processor import RolloutBuffer, get_processor, get_span_ids, get_tracer
 
 _current: ContextVar["Rollout | None"] = ContextVar("tracerl_rollout", default=None)
+_start_hooks: list[Callable[["Rollout"], None]] = []
+"""Called, each guarded, with a rollout just after its root span started (exporters register here)."""
 _end_hooks: list[Callable[["Rollout"], None]] = []
 """Called, each guarded, with a rollout just before its root span ends (exporters register here)."""
 
@@ -38,7 +40,13 @@ def current_rollout() -> "Rollout | None":
 
 
 class Rollout:
-    """One attempt at a task; usable as ``async with``, ``with``, or a decorator."""
+    """One attempt at a task; usable as ``async with``, ``with``, or a decorator.
+
+    ``name`` names the trace (default: the decorated function, else the model's name, else
+    ``"rollout"``); ``group`` defaults to the group being gathered (one id per group, see
+    :func:`tracerl.types.current_group_id`); ``split``, ``tags`` and ``user_id`` are shown
+    by observability backends (Langfuse: tags, user) and kept in the trajectory's metadata.
+    """
 
     def __init__(
         self,
@@ -47,12 +55,19 @@ class Rollout:
         task: Any = None,
         group: Any = None,
         metadata: dict[str, Any] | None = None,
-        name: str = "rollout",
+        name: str | None = None,
+        split: str | None = None,
+        tags: Iterable[str] = (),
+        user_id: str | None = None,
     ) -> None:
         self.model = model
         self.task = task
-        self.group = group
-        self.name = name
+        self._given_group, self._given_name = group, name  # a decorator re-creates one per call
+        self.group = group if group is not None else current_group_id()
+        self.name = name or _default_name(model)
+        self.split = split
+        self.tags = [str(t) for t in tags]
+        self.user_id = user_id
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.metrics: dict[str, float | int | bool] = {}
         self.reward: float = 0.0
@@ -87,6 +102,9 @@ class Rollout:
             if self._buffer is not None:
                 self.pending_spans = PendingSpans(get_span_ids())
             self._tokens.append(otel_context.attach(trace.set_span_in_context(self._span)))
+            for hook in _start_hooks:
+                with guard("rollout_start_hook"):
+                    hook(self)
         self._tokens.append(_current.set(self))
         return self
 
@@ -132,6 +150,8 @@ class Rollout:
             trajectory.metadata.setdefault("task", _jsonable(self.task))
         if self.group is not None:
             trajectory.metadata.setdefault("group", _jsonable(self.group))
+        if self.split is not None:
+            trajectory.metadata.setdefault("split", self.split)
         trajectory.metadata.setdefault("rollout_id", self.id)
         if self.output is not None:
             with guard("rollout_output"):
@@ -159,7 +179,10 @@ class Rollout:
         A number returned by ``fn`` becomes the reward; anything else is kept as ``rollout.output``
         (and ``trajectory.metadata["output"]``).
         """
-        template = dict(model=self.model, task=self.task, group=self.group, metadata=self.metadata, name=self.name)
+        template = dict(
+            model=self.model, task=self.task, group=self._given_group, metadata=self.metadata, split=self.split,
+            tags=self.tags, user_id=self.user_id, name=self._given_name or getattr(fn, "__name__", None),
+        )  # fmt: skip
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
@@ -193,10 +216,13 @@ def rollout(
     task: Any = None,
     group: Any = None,
     metadata: dict[str, Any] | None = None,
-    name: str = "rollout",
+    name: str | None = None,
+    split: str | None = None,
+    tags: Iterable[str] = (),
+    user_id: str | None = None,
 ) -> Rollout:
     """Open a rollout scope (``async with`` / ``with`` / decorator); see :class:`Rollout`."""
-    return Rollout(model, task=task, group=group, metadata=metadata, name=name)
+    return Rollout(model, task=task, group=group, metadata=metadata, name=name, split=split, tags=tags, user_id=user_id)
 
 
 async def trajectory(
@@ -212,7 +238,8 @@ async def trajectory(
     A number it returns becomes the reward, anything else ``trajectory.metadata["output"]``
     (when JSON-friendly).  Exceptions propagate (``trajectory_group`` records them).
     """
-    async with Rollout(model, task=task, group=group, metadata=metadata) as scope:
+    name = getattr(awaitable, "__qualname__", None) if inspect.iscoroutine(awaitable) else None
+    async with Rollout(model, task=task, group=group, metadata=metadata, name=name) as scope:
         scope._take_result(await awaitable)
     assert scope.trajectory is not None
     return scope.trajectory
@@ -251,6 +278,12 @@ async def trajectory_group(
 
 
 # -- helpers -------------------------------------------------------------------------------------
+def _default_name(model: Any) -> str:
+    """The trace name when none is given: the model's (agent's) name, else ``"rollout"``."""
+    name = getattr(model, "name", None) if model is not None and not isinstance(model, str) else model
+    return str(name) if name else "rollout"
+
+
 def _model_name(model: Any) -> str | None:
     if model is None:
         return None

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 from opentelemetry import trace
 
+from . import layers
 from . import semconv as sc
 from .deferred import DeferredSpan
 from .messages import _plain, to_semconv, to_semconv_list
@@ -60,7 +61,9 @@ def start_chat_span(
         start = functools.partial(
             _start_span, layer, dict(kwargs), provider, base_url, token_ids_requested, snapshot
         )
-        return scope.pending_spans.open(start)
+        span = scope.pending_spans.open(start)
+        layers.note_start(trace.get_current_span(), span.get_span_context().span_id)  # real spans: on_start
+        return span
     return _start_span(layer, kwargs, provider, base_url, token_ids_requested, messages)
 
 

@@ -59,6 +59,8 @@ def apply_scores(group: TrajectoryGroup, scores: Sequence[TrajectoryScore]) -> T
             "judge": score.judge,
             "scores_by_order": list(score.scores_by_order),
         }
+        if getattr(scores, "judge_trace_id", None):
+            copy.metadata["ruler"]["judge_trace_id"] = scores.judge_trace_id
         copy.logs.append(f"RULER {score.score:.3f} by {score.judge} ({score.rubric_version}): {score.explanation}")
         scored.append(copy)
     metrics = dict(group.metrics)
@@ -104,19 +106,27 @@ class RulerJudge:
         self.swallow_exceptions = swallow_exceptions
 
     async def score_group(self, group: TrajectoryGroup) -> RulerScores:
-        """One score per trajectory (``trajectory_id == trajectory.id``); raises ``JudgeError``."""
-        return await judge_candidates(
-            [candidate_from(t) for t in group.trajectories],
-            [t.id for t in group.trajectories],
-            self.judge_model,
-            rubric=self.rubric,
-            extra_litellm_params=self.extra_litellm_params,
-            debug=self.debug,
-            num_orders=self.num_orders,
-            cache=self.cache,
-            seed=self.seed,
-            group_name=group_name(group),
-        )
+        """One score per trajectory (``trajectory_id == trajectory.id``); raises ``JudgeError``.
+
+        The judge call is traced as an evaluator (``tracerl.integrations.export.evaluations``).
+        """
+        from tracerl.integrations.export.evaluations import judge_observation
+
+        with judge_observation(group) as record:
+            scores = await judge_candidates(
+                [candidate_from(t) for t in group.trajectories],
+                [t.id for t in group.trajectories],
+                self.judge_model,
+                rubric=self.rubric,
+                extra_litellm_params=self.extra_litellm_params,
+                debug=self.debug,
+                num_orders=self.num_orders,
+                cache=self.cache,
+                seed=self.seed,
+                group_name=group_name(group),
+            )
+            scores.judge_trace_id = record(scores)
+        return scores
 
     async def __call__(self, group: TrajectoryGroup) -> TrajectoryGroup | None:
         if not group.trajectories:

@@ -44,10 +44,13 @@ class RulerScores(list):
     """
 
     metrics: dict[str, float]
+    judge_trace_id: str | None
+    """The trace of the judge call (when exported), linked from each trace it scored."""
 
     def __init__(self, scores: Iterable[TrajectoryScore] = (), metrics: dict[str, float] | None = None) -> None:
         super().__init__(scores)
         self.metrics = dict(metrics or {})
+        self.judge_trace_id = None
 
 
 @runtime_checkable

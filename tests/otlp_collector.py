@@ -4,7 +4,9 @@ It accepts what a Langfuse server accepts and decodes it the same way: protobuf
 ``ExportTraceServiceRequest`` bodies (gunzipped when ``Content-Encoding: gzip``) at
 ``POST /api/public/otel/v1/traces`` (Basic auth required) and ``POST /v1/traces`` (plain
 OTLP, no auth), JSON scores at ``POST /api/public/scores`` and the key check at
-``GET /api/public/projects``.  Every span is recorded as a :class:`CollectedSpan`.
+``GET /api/public/projects``.  Every span is recorded as a :class:`CollectedSpan`, and
+:meth:`OTLPCollector.observations` maps them as Langfuse's ingestion does
+(:mod:`langfuse_mapping`); scores are validated as Langfuse's public API validates them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from langfuse_mapping import Observation, observation
 from loopback_app import LoopbackApp
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -90,6 +93,29 @@ class OTLPCollector(LoopbackApp):
     def trace(self, trace_id: str) -> list[CollectedSpan]:
         return [s for s in self.spans if s.trace_id == trace_id]
 
+    def observations(self, trace_ids: Any = None) -> list[Observation]:
+        """Every span as the Langfuse observation it becomes (of the given trace id or ids)."""
+        wanted = {trace_ids} if isinstance(trace_ids, str) else set(trace_ids or ())
+        return [observation(s) for s in self.spans if not wanted or s.trace_id in wanted]
+
+    def generations(self, trace_ids: Any = None) -> list[Observation]:
+        return [o for o in self.observations(trace_ids) if o.type == "generation"]
+
+    def summed_usage(self, trace_ids: Any = None) -> dict[str, float]:
+        """What Langfuse adds up for the traces: the usage of every observation that has one."""
+        total: dict[str, float] = {}
+        for o in self.observations(trace_ids):
+            for key, value in o.usage.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    def trace_fields(self, trace_id: str) -> set[tuple[Any, ...]]:
+        """The trace-level fields each observation of a trace carries (one tuple per distinct value)."""
+        return {
+            (o.trace_name, o.session_id, o.user_id, tuple(o.tags), o.release, o.version, o.environment)
+            for o in self.observations(trace_id)
+        }
+
     # -- endpoints ---------------------------------------------------------------------------
     def _authorized(self, request: Request) -> bool:
         ok = request.headers.get("authorization") == self.expected_auth
@@ -134,9 +160,10 @@ class OTLPCollector(LoopbackApp):
         if not self._authorized(request):
             return JSONResponse({"message": "Invalid credentials"}, status_code=401)
         body = await request.json()
-        if not {"traceId", "name", "value"} <= set(body):
-            return JSONResponse({"message": "traceId, name and value are required"}, status_code=400)
-        self.scores.append(body)
+        problem = score_problem(body)
+        if problem:
+            return JSONResponse({"message": problem}, status_code=400)
+        self.scores.append({**body, "environment": body.get("environment", "default")})
         return JSONResponse({"id": body.get("id") or uuid.uuid4().hex})
 
     async def _projects(self, request: Request) -> Response:
@@ -145,3 +172,17 @@ class OTLPCollector(LoopbackApp):
         return JSONResponse({"data": [{"id": "project-1", "name": "tracerl-test"}]})
 
 
+
+
+def score_problem(body: dict[str, Any]) -> str | None:
+    """Langfuse's ``PostScoresBody`` checks (``applyScoreValidation`` and the data types)."""
+    if not body.get("name") or "value" not in body:
+        return "name and value are required"
+    targets = [k for k in ("traceId", "sessionId", "datasetRunId") if body.get(k)]
+    if len(targets) != 1 or (body.get("observationId") and targets != ["traceId"]):
+        return "Provide exactly one of traceId (with optional observationId), sessionId or datasetRunId"
+    if body.get("dataType") == "NUMERIC" and not isinstance(body["value"], (int, float)):
+        return "NUMERIC scores need a number"
+    if not isinstance(body.get("environment", "default"), str):
+        return "environment must be a string"
+    return None

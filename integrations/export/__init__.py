@@ -1,0 +1,66 @@
+"""Exporters, one file per job: spans to any OTLP/HTTP backend, Langfuse's mapping, scores.
+
+* ``otlp.py`` — one processor per destination; :meth:`otlp.Exporter.outgoing` is the one
+  place every outgoing span passes (on the export thread, on copies).
+* ``langfuse.py`` — Langfuse's attribute mapping, its keys, its SDK beside ours.
+* ``traces.py`` — the trace-level fields of each trace tracerl starts (name, session…).
+* ``scores.py`` — rewards, RULER verdicts and group scores, to every destination.
+* ``evaluations.py`` — evaluator observations: scores in their trace, the RULER judge call.
+* ``steps.py`` — each ``model.log`` as a ``training step`` trace with its metrics as scores.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+from . import langfuse, otlp
+from .langfuse import langfuse_attributes, langfuse_span_filter
+from .otlp import ExportError, export_to_otlp
+from .scores import ScoreSender, export_scores, install_hooks
+from .steps import export_step
+
+__all__ = [
+    "ExportError",
+    "export_scores",
+    "export_step",
+    "export_to_langfuse",
+    "export_to_otlp",
+    "langfuse_attributes",
+    "langfuse_span_filter",
+]
+
+_active = otlp._active  # the configured destinations, by (provider, endpoint)
+
+
+def export_to_langfuse(
+    host: str | None = None, public_key: str | None = None, secret_key: str | None = None, *,
+    tracer_provider: TracerProvider | None = None, timeout_s: float = 10.0, check: bool = False,
+    environment: str | None = None, release: str | None = None, prices: Mapping[str, Any] | None = None,
+) -> SpanProcessor:  # fmt: skip
+    """Send spans (OTLP/HTTP protobuf, gzip) and scores to Langfuse, in Langfuse's mapping.
+
+    Arguments left out come from ``LANGFUSE_BASE_URL`` / ``LANGFUSE_HOST`` (default Langfuse
+    Cloud), ``LANGFUSE_PUBLIC_KEY``, ``LANGFUSE_SECRET_KEY``, ``LANGFUSE_TRACING_ENVIRONMENT``
+    and ``LANGFUSE_RELEASE`` (default: the checkpoint, ``name@step``); missing or swapped
+    keys and a bad environment raise :class:`~tracerl.ConfigError`.  ``prices`` maps a model
+    name to (USD per million input tokens, USD per million output tokens); models served by
+    tracerl cost zero, hosted ones are priced by Langfuse.  ``check=True`` also asks Langfuse
+    whether it accepts the keys.  A Langfuse SDK client on the same provider keeps sending
+    its own spans; tracerl sends the rest, each span once.
+    """
+    import os
+
+    host = host or os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or langfuse.DEFAULT_HOST
+    host = otlp.check_url(host.rstrip("/"), "Langfuse host")
+    headers = langfuse.auth_headers(public_key, secret_key)
+    where = langfuse.destination(environment, release, prices)
+    if check:
+        langfuse.check_keys(host, headers, timeout_s)
+    processor = otlp.attach(
+        host + langfuse.OTEL_PATH, headers, tracer_provider, timeout_s, "gzip", where,
+        make_scores=lambda: ScoreSender(host, headers, timeout_s), share_sdk=True,
+    )  # fmt: skip
+    install_hooks()
+    return processor

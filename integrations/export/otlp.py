@@ -1,0 +1,158 @@
+"""Spans to any OTLP/HTTP endpoint: one processor per destination, one exporter every span passes.
+
+Nothing here runs until an exporter is configured, so capture pays nothing for it.  Then:
+spans leave through OpenTelemetry's own ``BatchSpanProcessor`` + ``OTLPSpanExporter``
+(background thread, bounded queue), and :meth:`SpanExporter.export` below is the one place
+every outgoing span passes, on that thread: the Langfuse view is made there, on copies.
+Failures never reach the agent or the trainer: they are logged once per kind and counted.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from tracerl.errors import ConfigError, TracerlError
+
+from ..health import record_error
+from ..processor import get_tracer_provider
+from .langfuse import Destination, is_sdk_span, langfuse_view, share_with_sdk, unshare_with_sdk
+
+
+class ExportError(TracerlError, ConnectionError):
+    """Spans or scores could not be delivered (recorded and counted, never raised into training)."""
+
+
+class Exporter(SpanExporter):
+    """Wraps the OTLP exporter: every span passes :meth:`outgoing`; failures are counted."""
+
+    def __init__(self, inner: SpanExporter, endpoint: str, where: Destination | None) -> None:
+        self.inner, self.endpoint, self.where = inner, endpoint, where
+        self.add_langfuse_attributes = where is not None
+        self.skip_sdk_spans = False
+        self.failed_spans = 0
+
+    def outgoing(self, span: ReadableSpan) -> ReadableSpan | None:
+        """The span as this destination receives it (None: not sent). Runs on the export thread."""
+        if self.skip_sdk_spans and is_sdk_span(span):
+            return None  # the Langfuse SDK's own processor sends its spans
+        return langfuse_view(span, self.where) if self.where is not None else span
+
+    def export(self, spans: Any) -> SpanExportResult:
+        cause = "unreachable, or it answered with an error (401/403: wrong keys)"
+        try:
+            outgoing = [s for s in (self.outgoing(span) for span in spans) if s is not None]
+            result = self.inner.export(outgoing) if outgoing else SpanExportResult.SUCCESS
+        except Exception as error:  # noqa: BLE001 - runs on the export thread; count, keep going
+            result, cause = SpanExportResult.FAILURE, repr(error)
+        if result is not SpanExportResult.SUCCESS:
+            self.failed_spans += len(spans)
+            record_error("otlp_export", ExportError(f"{len(spans)} spans not exported to {self.endpoint}: {cause}"))
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+class ExportProcessor(BatchSpanProcessor):
+    """One destination: OpenTelemetry's batch processor for spans, plus Langfuse's score sender."""
+
+    def __init__(self, provider: TracerProvider, exporter: Exporter, scores: Any = None) -> None:
+        super().__init__(exporter)
+        self.provider, self.exporter, self.scores, self.endpoint = provider, exporter, scores, exporter.endpoint
+        self.where = exporter.where or Destination()
+        self.closed = False
+        self.shared_sdk_processors: list[Any] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not self.closed:  # a provider cannot drop a processor: a closed one stays attached, idle
+            super().on_end(span)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        done = super().force_flush(timeout_millis)
+        return (self.scores.flush(timeout_millis / 1000) if self.scores else True) and done
+
+    def shutdown(self) -> None:
+        with _lock:
+            if _active.get((id(self.provider), self.endpoint)) is not self:
+                return
+            del _active[(id(self.provider), self.endpoint)]
+            self.closed = True
+        unshare_with_sdk(self.shared_sdk_processors)
+        super().shutdown()
+        if self.scores is not None:
+            self.scores.shutdown()
+
+
+_lock = threading.Lock()
+_active: dict[tuple[int, str], ExportProcessor] = {}
+
+
+def active() -> list[ExportProcessor]:
+    """The configured destinations (a copy)."""
+    return list(_active.values())
+
+
+def check_url(url: str, what: str) -> str:
+    parts = urlsplit(url or "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{what} {url!r} is not an http(s) URL (e.g. http://localhost:3000)")
+    return url
+
+
+def attach(
+    endpoint: str, headers: Mapping[str, str] | None, provider: TracerProvider | None, timeout_s: float,
+    compression: str, where: Destination | None, make_scores: Any = None, share_sdk: bool = False,
+) -> ExportProcessor:  # fmt: skip
+    """The processor for ``endpoint`` on ``provider`` (created once; later calls return it)."""
+    try:
+        from opentelemetry.exporter.otlp.proto.http import Compression
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError as error:
+        raise ConfigError("exporting needs opentelemetry-exporter-otlp-proto-http: install tracerl[langfuse]") from error
+    provider = provider or get_tracer_provider()
+    with _lock:
+        processor = _active.get((id(provider), endpoint))
+        if processor is None:
+            otlp = OTLPSpanExporter(
+                endpoint=endpoint, headers=dict(headers or {}), timeout=timeout_s, compression=Compression(compression)
+            )
+            exporter = Exporter(otlp, endpoint, where)
+            processor = ExportProcessor(provider, exporter, make_scores() if make_scores else None)
+            if share_sdk:
+                processor.shared_sdk_processors = share_with_sdk(provider, endpoint)
+                exporter.skip_sdk_spans = bool(processor.shared_sdk_processors)
+            _active[(id(provider), endpoint)] = processor
+            provider.add_span_processor(processor)
+    return processor
+
+
+def export_to_otlp(
+    endpoint: str, *, headers: Mapping[str, str] | None = None, tracer_provider: TracerProvider | None = None,
+    timeout_s: float = 10.0, compression: str = "gzip", add_langfuse_attributes: bool = True,
+    environment: str | None = None,
+) -> SpanProcessor:  # fmt: skip
+    """Send every span of the provider tracerl captures on (rollouts, gen_ai spans from any
+    instrumentor) to an OTLP/HTTP endpoint, e.g. ``http://localhost:6006/v1/traces`` (Phoenix).
+
+    With ``add_langfuse_attributes`` (default) the spans carry Langfuse's mapping (for a
+    Langfuse behind a collector) and an outer layer of a model call is sent as a plain span,
+    so no backend counts a request twice; ``environment`` is written as ``langfuse.environment``.
+    Returns the processor (``force_flush()`` / ``shutdown()``); calling again with the same
+    endpoint returns the same one.  Raises :class:`~tracerl.ConfigError` for a bad URL or compression.
+    """
+    from .langfuse import destination
+
+    url = check_url(endpoint, "OTLP endpoint")
+    if compression not in ("gzip", "deflate", "none"):
+        raise ConfigError(f"compression must be 'gzip', 'deflate' or 'none', not {compression!r}")
+    where = destination(environment, None, None) if add_langfuse_attributes else None
+    processor = attach(url, headers, tracer_provider, timeout_s, compression, where)
+    from .scores import install_hooks
+
+    install_hooks()
+    return processor
