@@ -41,6 +41,7 @@ class CollectedSpan:
     resource: dict[str, Any]
     path: str
     headers: dict[str, str] = field(default_factory=dict)
+    links: list[tuple[str, str]] = field(default_factory=list)
 
 
 def any_value(value: Any) -> Any:
@@ -152,6 +153,7 @@ class OTLPCollector(LoopbackApp):
                             resource=resource,
                             path=path,
                             headers=headers,
+                            links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
                         )
                     )
         return Response(ExportTraceServiceResponse().SerializeToString(), media_type="application/x-protobuf")
