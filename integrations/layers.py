@@ -128,7 +128,7 @@ def on_start(span: Any, parent_context: Any) -> None:
 def note_end(span: Any) -> None:
     """Processor ``on_end``: a model call known only now makes its (still open) parent an outer layer."""
     try:
-        if not is_model_call_attributes(span.attributes):
+        if not is_model_call_attributes(getattr(span, "attributes", None)):
             return
         span_id = span.context.span_id
         _remember(_model_calls, span_id, None)

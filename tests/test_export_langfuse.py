@@ -237,9 +237,7 @@ async def test_each_logged_step_is_a_training_step_trace_with_its_metrics_as_sco
     assert any(s.get("sessionId") == session and s["name"] == "group_reward" for s in collector.scores)
 
 
-async def test_langfuse_sdk_client_created_first_keeps_working_and_each_span_arrives_once(
-    served, collector, monkeypatch
-):  # fmt: skip
+async def test_langfuse_sdk_client_created_first_keeps_working_and_each_span_arrives_once(served, monkeypatch):
     """The SDK owns the provider (as ``Langfuse()`` does with the global one); then export_to_langfuse:
     the SDK still sends its own spans, tracerl sends the rest with Langfuse's mapping, each once."""
     from langfuse import Langfuse
@@ -250,9 +248,11 @@ async def test_langfuse_sdk_client_created_first_keeps_working_and_each_span_arr
     monkeypatch.setattr(capture, "_provider", capture._provider)  # restored after the test
     monkeypatch.setattr(capture, "_tracer", capture._tracer)
     provider = TracerProvider()
-    lf = Langfuse(public_key=PK, secret_key=SK, base_url=collector.url, tracer_provider=provider)
+    pk, sk = "pk-lf-sdk-first", "sk-lf-sdk-first"  # the SDK keeps one client per public key per process
+    collector = OTLPCollector(pk, sk).start()
+    lf = Langfuse(public_key=pk, secret_key=sk, base_url=collector.url, tracer_provider=provider)
     ti.configure_tracing(provider)
-    processor = ti.export_to_langfuse(collector.url, PK, SK, tracer_provider=provider)
+    processor = ti.export_to_langfuse(collector.url, pk, sk, tracer_provider=provider)
     try:
         with lf.start_as_current_observation(name="app-step-2", as_type="span"):
             pass
@@ -274,3 +274,4 @@ async def test_langfuse_sdk_client_created_first_keeps_working_and_each_span_arr
     finally:
         processor.shutdown()
         lf.shutdown()
+        collector.stop()
