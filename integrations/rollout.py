@@ -238,7 +238,7 @@ async def trajectory(
     A number it returns becomes the reward, anything else ``trajectory.metadata["output"]``
     (when JSON-friendly).  Exceptions propagate (``trajectory_group`` records them).
     """
-    name = getattr(awaitable, "__qualname__", None) if inspect.iscoroutine(awaitable) else None
+    name = getattr(awaitable, "__name__", None) if inspect.iscoroutine(awaitable) else None
     async with Rollout(model, task=task, group=group, metadata=metadata, name=name) as scope:
         scope._take_result(await awaitable)
     assert scope.trajectory is not None

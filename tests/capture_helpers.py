@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import tracerl
 
@@ -61,3 +62,29 @@ async def openai_tool_agent(client: Any, question: str, *, model: str = "m", str
         for call in message["tool_calls"]:
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"looked up: {question}"})
     return ""
+
+
+@contextmanager
+def openinference_beside_tracerl() -> Iterator[Any]:
+    """OpenInference's OpenAI, LiteLLM and LangChain instrumentors on the global SDK provider,
+    with tracerl capturing (and exporting) on that provider too; yields the provider."""
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+    from openinference.instrumentation.litellm import LiteLLMInstrumentor
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import tracerl.integrations as ti
+
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+    provider = trace.get_tracer_provider()
+    ti.instrument(tracer_provider=provider)  # capture sees every span on the shared provider
+    instrumentors = [OpenAIInstrumentor(), LiteLLMInstrumentor(), LangChainInstrumentor()]
+    for instrumentor in instrumentors:
+        instrumentor.instrument(tracer_provider=provider)
+    try:
+        yield provider
+    finally:
+        for instrumentor in instrumentors:
+            instrumentor.uninstrument()

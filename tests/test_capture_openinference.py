@@ -8,9 +8,7 @@ import warnings
 
 import pytest
 from capture_fake_server import FakeOpenAIServer
-from capture_helpers import assert_tokens_match_server, openai_tool_agent, roles, sampled
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from capture_helpers import assert_tokens_match_server, openai_tool_agent, openinference_beside_tracerl, roles, sampled
 
 import tracerl.integrations as ti
 
@@ -23,25 +21,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 @pytest.fixture(scope="module")
 def openinference():
-    from openinference.instrumentation.langchain import LangChainInstrumentor
-    from openinference.instrumentation.litellm import LiteLLMInstrumentor
-    from openinference.instrumentation.openai import OpenAIInstrumentor
-
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider = trace.get_tracer_provider()
-    ti.instrument(tracer_provider=provider)  # capture sees every span on the shared provider
-    instrumentors = [OpenAIInstrumentor(), LiteLLMInstrumentor(), LangChainInstrumentor()]
-    for instrumentor in instrumentors:
-        instrumentor.instrument(tracer_provider=provider)
-    with FakeOpenAIServer() as server:
+    with openinference_beside_tracerl(), FakeOpenAIServer() as server:
         ti.register_endpoint(server.base_url)
         yield server
         ti.unregister_endpoint(server.base_url)
-    for instrumentor in instrumentors:
-        instrumentor.uninstrument()
 
 
 def _layers(t):

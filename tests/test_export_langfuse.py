@@ -275,3 +275,30 @@ async def test_langfuse_sdk_client_created_first_keeps_working_and_each_span_arr
         processor.shutdown()
         lf.shutdown()
         collector.stop()
+
+
+async def test_trace_names_and_sessions_without_being_told(served, collector, langfuse):
+    """Names: the decorated function, the awaited coroutine, else ``rollout``; sessions: one per
+    gathered group, so an ART loop gets both without passing anything."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=served.base_url, api_key="x", max_retries=0)
+
+    @ti.rollout(task="decorated")
+    async def solve_task():
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "decorated"}])
+
+    async def answer_question(q: str):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": q}])
+
+    decorated = await solve_task()
+    awaited = await ti.trajectory(answer_question("awaited"))
+    groups = await tracerl.gather_trajectory_groups(
+        [tracerl.TrajectoryGroup(ti.trajectory(answer_question(f"{g}-{i}")) for i in range(2)) for g in ("x", "y")],
+        pbar_desc=None,
+    )
+    assert langfuse.force_flush()
+    assert {o.trace_name for o in collector.observations(decorated.trace_id)} == {"solve_task"}
+    assert {o.trace_name for o in collector.observations(awaited.trace_id)} == {"answer_question"}
+    sessions = [{o.session_id for t in g.trajectories for o in collector.observations(t.trace_id)} for g in groups]
+    assert all(len(s) == 1 and None not in s for s in sessions) and sessions[0] != sessions[1]

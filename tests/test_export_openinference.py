@@ -11,8 +11,7 @@ import os
 
 import pytest
 from capture_fake_server import FakeOpenAIServer
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from capture_helpers import openinference_beside_tracerl
 from otlp_collector import OTLPCollector
 from test_export_langfuse import PK, SK, _served, react_agent
 
@@ -28,23 +27,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 @pytest.fixture(scope="module")
 def hosted():
-    from openinference.instrumentation.langchain import LangChainInstrumentor
-    from openinference.instrumentation.litellm import LiteLLMInstrumentor
-    from openinference.instrumentation.openai import OpenAIInstrumentor
-
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider = trace.get_tracer_provider()
-    ti.instrument(tracer_provider=provider)
-    instrumentors = [OpenAIInstrumentor(), LiteLLMInstrumentor(), LangChainInstrumentor()]
-    for instrumentor in instrumentors:
-        instrumentor.instrument(tracer_provider=provider)
-    with FakeOpenAIServer() as server:
+    with openinference_beside_tracerl(), FakeOpenAIServer() as server:
         yield server
-    for instrumentor in instrumentors:
-        instrumentor.uninstrument()
 
 
 @pytest.fixture()

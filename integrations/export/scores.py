@@ -131,7 +131,8 @@ def emit(trace_hex: str, name: str, value: float, comment: str | None = None, me
 
 def send_group_scores(group: TrajectoryGroup) -> None:
     """Session scores for a group whose attempts share one session (group id): mean and spread of rewards."""
-    sessions = {traces.for_trajectory(t).session_id if t.trace_id else None for t in group.trajectories}  # type: ignore[union-attr]
+    infos = [traces.for_trajectory(t) for t in group.trajectories]
+    sessions = {info.session_id if info is not None else None for info in infos}
     session = next(iter(sessions)) if len(sessions) == 1 else None
     if not session or not group.trajectories:
         return
