@@ -302,3 +302,29 @@ async def test_trace_names_and_sessions_without_being_told(served, collector, la
     assert {o.trace_name for o in collector.observations(awaited.trace_id)} == {"answer_question"}
     sessions = [{o.session_id for t in g.trajectories for o in collector.observations(t.trace_id)} for g in groups]
     assert all(len(s) == 1 and None not in s for s in sessions) and sessions[0] != sessions[1]
+
+
+async def test_configured_prices_give_the_cost_and_bad_knobs_are_clear_errors(hosted, collector, monkeypatch):
+    from openai import AsyncOpenAI
+
+    with pytest.raises(tracerl.ConfigError, match="environment 'Prod'"):
+        ti.export_to_langfuse(collector.url, PK, SK, environment="Prod")
+    monkeypatch.setenv("LANGFUSE_TRACING_ENVIRONMENT", "langfuse-internal")
+    with pytest.raises(tracerl.ConfigError, match="not starting with 'langfuse'"):
+        ti.export_to_langfuse(collector.url, PK, SK)
+    monkeypatch.delenv("LANGFUSE_TRACING_ENVIRONMENT")
+    with pytest.raises(tracerl.ConfigError, match=r"prices\['m'\]"):
+        ti.export_to_langfuse(collector.url, PK, SK, prices={"m": 3.0})
+    processor = ti.export_to_langfuse(collector.url, PK, SK, prices={"priced-model": (2.0, 8.0)}, release="v1.2")
+    try:
+        client = AsyncOpenAI(base_url=hosted.base_url, api_key="x", max_retries=0)
+        async with ti.rollout(task="priced") as r:
+            await client.chat.completions.create(model="priced-model", messages=[{"role": "user", "content": "priced"}])
+        assert processor.force_flush()
+        usage = hosted.responses[-1]["usage"]
+        (generation,) = collector.generations(r.trajectory.trace_id)
+        assert generation.cost["input"] == pytest.approx(usage["prompt_tokens"] * 2.0 / 1e6)
+        assert generation.cost["total"] == pytest.approx((usage["prompt_tokens"] * 2.0 + usage["completion_tokens"] * 8.0) / 1e6)
+        assert {o.release for o in collector.observations(r.trajectory.trace_id)} == {"v1.2"}
+    finally:
+        processor.shutdown()

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -50,8 +51,6 @@ def export_to_langfuse(
     whether it accepts the keys.  A Langfuse SDK client on the same provider keeps sending
     its own spans; tracerl sends the rest, each span once.
     """
-    import os
-
     host = host or os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or langfuse.DEFAULT_HOST
     host = otlp.check_url(host.rstrip("/"), "Langfuse host")
     headers = langfuse.auth_headers(public_key, secret_key)

@@ -37,7 +37,11 @@ class Exporter(SpanExporter):
         self.failed_spans = 0
 
     def outgoing(self, span: ReadableSpan) -> ReadableSpan | None:
-        """The span as this destination receives it (None: not sent). Runs on the export thread."""
+        """The span as this destination receives it (None: not sent). Runs on the export thread.
+
+        Every span bound for any destination passes here, once per destination: the place
+        for any other step on the way out (e.g. redacting secrets); copy a span before changing it.
+        """
         if self.skip_sdk_spans and is_sdk_span(span):
             return None  # the Langfuse SDK's own processor sends its spans
         return langfuse_view(span, self.where) if self.where is not None else span

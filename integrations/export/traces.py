@@ -68,9 +68,8 @@ def for_trajectory(trajectory: Trajectory) -> TraceInfo | None:
     meta = trajectory.metadata
     group = meta.get("group")
     return TraceInfo(
-        name=str(meta.get("trace_name") or "rollout"),
-        session_id=str(group) if group is not None else None,
-        tags=[str(t) for t in meta.get("trace_tags") or ()],
+        name="rollout",
+        session_id=_short(group) if group is not None else None,
         metadata=flat_metadata({k: meta[k] for k in ("rollout_id", "task", "group") if k in meta}),
     )
 
@@ -121,9 +120,13 @@ def final_answer(scope: Any, spans: Iterable[Any]) -> str | None:
     return "".join(texts) or None
 
 
-def flat_metadata(values: dict[str, Any]) -> dict[str, AttributeValue]:
-    """Metadata as span attribute values: scalars as they are, anything else as JSON."""
-    return {str(k): v if isinstance(v, (str, bool, int, float)) else text(v) for k, v in values.items() if v is not None}
+def flat_metadata(values: dict[str, Any], limit: int = 2_000) -> dict[str, AttributeValue]:
+    """Metadata as span attribute values (on every span: kept short): numbers as they are, else text."""
+    out: dict[str, AttributeValue] = {}
+    for key, value in values.items():
+        if value is not None:
+            out[str(key)] = value if isinstance(value, (bool, int, float)) else _short(value, limit)
+    return out
 
 
 def text(value: Any) -> str:
