@@ -24,12 +24,42 @@ class CheckpointError(TracerlError, RuntimeError):
     """A checkpoint or the run directory is missing or inconsistent."""
 
 
-class InferenceServerError(TracerlError, RuntimeError):
-    """The inference server failed to start, died, or answered with an error."""
+class InfrastructureError(TracerlError, RuntimeError):
+    """Something a rollout depends on failed: the inference server, an MCP server, a tool's connection.
+
+    Such an attempt says nothing about the policy, so it must never become a trajectory to
+    train on: raised inside a rollout, ``gather_trajectory_groups`` records it in
+    ``group.exceptions`` (counted against ``max_exceptions``).  Capture raises it at the end
+    of a rollout even when the agent swallowed the failure (see ``tracerl.rollout``).
+    """
+
+
+class InferenceServerError(InfrastructureError):
+    """The inference server failed to start, died, dropped the connection, or answered 5xx."""
+
+
+class InferenceTimeoutError(InferenceServerError, TimeoutError):
+    """A model call did not answer in time (knob: ``Model(inference_timeout=...)``)."""
+
+
+class McpServerError(InfrastructureError):
+    """An MCP server could not be started, reached or listed, died, or dropped the connection."""
+
+
+class McpTimeoutError(McpServerError, TimeoutError):
+    """An MCP server did not answer in time (knobs: ``McpServerSpec(startup_timeout=..., request_timeout=...)``)."""
+
+
+class RolloutTimeoutError(TracerlError, TimeoutError):
+    """A rollout ran past ``rollout_timeout`` and was cancelled (its MCP sessions and servers closed)."""
 
 
 class JudgeError(TracerlError, RuntimeError):
     """A judge (e.g. RULER) answered with something that cannot be turned into scores."""
+
+
+class JudgeTimeoutError(JudgeError, TimeoutError):
+    """A judge (or the scenario generator) did not answer in time (knob: ``extra_litellm_params={"timeout": s}``)."""
 
 
 class TooManyExceptionsError(TracerlError, RuntimeError):

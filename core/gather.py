@@ -1,16 +1,54 @@
-"""Run many rollouts concurrently, tolerate failures, show live progress."""
+"""Run many rollouts concurrently, tolerate failures, show live progress.
+
+Failed rollouts are values (``group.exceptions``), counted against ``max_exceptions``:
+an exception raised by the rollout (e.g. an :class:`~tracerl.errors.InfrastructureError`
+when the MCP server or the inference server failed under it) and a rollout that ran past
+``rollout_timeout`` (cancelled, so the MCP sessions and stdio servers it opened are
+closed, and recorded as a :class:`~tracerl.errors.RolloutTimeoutError`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import statistics
-from typing import Any, Awaitable, Callable, Iterable
+from contextvars import ContextVar
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
-from .errors import TooManyExceptionsError
+from . import errors
+from .errors import RolloutTimeoutError, TooManyExceptionsError
 from .types import ExceptionRecord, Trajectory, TrajectoryGroup, group_scope
 
 AfterEach = Callable[[TrajectoryGroup], Awaitable[Any] | Any]
+T = TypeVar("T")
+
+_rollout_timeout: ContextVar[float | None] = ContextVar("tracerl_rollout_timeout", default=None)
+"""The enclosing gather's ``rollout_timeout``, for groups built by ``tracerl.trajectory_group``."""
+
+
+async def bounded(awaitable: Awaitable[T], timeout: float | None = None) -> T:
+    """Await one rollout for at most ``timeout`` seconds (default: the enclosing gather's).
+
+    Past the limit the rollout is cancelled where it waits (its ``async with`` blocks
+    unwind: MCP sessions close, stdio servers stop) and :class:`RolloutTimeoutError` is
+    raised, chained to the cancellation (its traceback shows where the rollout was stuck).
+    """
+    if timeout is None:
+        timeout = _rollout_timeout.get()
+    if timeout is None:
+        return await awaitable
+    limit = asyncio.timeout(timeout)
+    try:
+        async with limit:
+            return await awaitable
+    except Exception as error:  # a cancellation from outside (BaseException) passes through
+        if not limit.expired():
+            raise  # the rollout's own error (a model or MCP call's timeout included), not ours
+        # ours: asyncio's TimeoutError, or what the cancelled rollout's cleanup raised instead
+        raise RolloutTimeoutError(
+            f"the rollout ran past rollout_timeout={timeout:g} s and was cancelled "
+            "(knob: gather_trajectory_groups(..., rollout_timeout=...))"
+        ) from error
 
 
 class GatheredGroups(list):
@@ -31,9 +69,16 @@ class _Progress:
         self.rewards: list[float] = []
         self.metric_values: dict[str, list[float]] = {}
         self.exceptions = 0
+        self.timeouts = 0
+        self.infrastructure = 0
 
-    def add(self, trajectories: list[Trajectory], n_exceptions: int) -> None:
+    def add(self, trajectories: list[Trajectory], records: list[ExceptionRecord]) -> None:
+        n_exceptions = len(records)
         self.exceptions += n_exceptions
+        for record in records:
+            kind = getattr(errors, record.type, None)
+            self.timeouts += int(kind is RolloutTimeoutError)
+            self.infrastructure += int(isinstance(kind, type) and issubclass(kind, errors.InfrastructureError))
         for t in trajectories:
             self.rewards.append(t.reward)
             for key, value in t.metrics.items():
@@ -47,12 +92,30 @@ class _Progress:
                 postfix[key] = f"{statistics.fmean(values):.3g}"
             if self.exceptions:
                 postfix["exceptions"] = self.exceptions
+            if self.timeouts:
+                postfix["timeouts"] = self.timeouts
+            if self.infrastructure:
+                postfix["infra"] = self.infrastructure
             self.bar.set_postfix(postfix, refresh=False)
             self.bar.update(len(trajectories) + n_exceptions)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+async def _run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
+    """``asyncio.gather``, except that when one fails (too many exceptions, a cancellation)
+    the others are cancelled and awaited, so no rollout keeps running (or keeps an MCP
+    server alive) after the gather has returned."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _exception_budget(max_exceptions: int | float, total: int) -> float:
@@ -67,12 +130,17 @@ async def gather_trajectory_groups(
     pbar_desc: str | None = "gather",
     max_exceptions: int | float = 0,
     after_each: AfterEach | None = None,
+    rollout_timeout: float | None = None,
 ) -> GatheredGroups:
     """Run every group's rollouts concurrently and return the finished groups.
 
     ``max_exceptions``: how many failed rollouts are tolerated (an int, or a fraction of
     all rollouts); past that a :class:`TooManyExceptionsError` is raised.  ``after_each``
     (e.g. RULER) may return a group, a list of groups, or ``None`` to drop the group.
+    ``rollout_timeout``: seconds after which a rollout still running is cancelled and
+    recorded in its group's exceptions as a :class:`RolloutTimeoutError` (default: no
+    limit; every model and MCP call has its own timeout).  It bounds each awaitable of a
+    ``TrajectoryGroup(rollouts)`` and each attempt of a ``tracerl.trajectory_group``.
     """
     groups = list(groups)
     total = sum(len(g._pending) + len(g.trajectories) if isinstance(g, TrajectoryGroup) else 1 for g in groups)
@@ -83,8 +151,10 @@ async def gather_trajectory_groups(
     async def finish(item: Awaitable[TrajectoryGroup] | TrajectoryGroup) -> list[TrajectoryGroup]:
         nonlocal dropped
         group_scope()  # this task's rollouts are one group (one Langfuse session); its own context
+        if isinstance(item, TrajectoryGroup) and rollout_timeout is not None:
+            item._pending = [bounded(a, rollout_timeout) for a in item._pending]
         group = await item if inspect.isawaitable(item) else item
-        progress.add(group.trajectories, len(group.exceptions))
+        progress.add(group.trajectories, group.exceptions)
         if progress.exceptions > budget:
             last = group.exceptions[-1] if group.exceptions else None
             raise TooManyExceptionsError(
@@ -101,14 +171,18 @@ async def gather_trajectory_groups(
             return []
         return list(result) if isinstance(result, list) else [result]
 
+    token = _rollout_timeout.set(rollout_timeout)
     try:
-        results = await asyncio.gather(*(finish(g) for g in groups))
+        results = await _run_all(finish(g) for g in groups)
     finally:
+        _rollout_timeout.reset(token)
         progress.close()
     out = GatheredGroups(g for batch in results for g in batch)
     out.metrics = {
         "groups_dropped": float(dropped),
         "exceptions": float(progress.exceptions),
+        "rollout_timeouts": float(progress.timeouts),
+        "infrastructure_exceptions": float(progress.infrastructure),
         "reward": statistics.fmean(progress.rewards) if progress.rewards else float("nan"),
     }
     return out
@@ -119,26 +193,29 @@ async def gather_trajectories(
     *,
     pbar_desc: str | None = "gather",
     max_exceptions: int | float = 0,
+    rollout_timeout: float | None = None,
 ) -> list[Trajectory | ExceptionRecord]:
-    """The flat version: run rollouts concurrently; failures come back as :class:`ExceptionRecord`."""
+    """The flat version: run rollouts concurrently; failures (a rollout past
+    ``rollout_timeout`` included) come back as :class:`ExceptionRecord`."""
     items = list(trajectories)
     progress = _Progress(len(items), pbar_desc)
     budget = _exception_budget(max_exceptions, len(items))
 
     async def one(item: Awaitable[Trajectory]) -> Trajectory | ExceptionRecord:
         try:
-            t = await item
+            t = await bounded(item, rollout_timeout)
         except Exception as error:  # noqa: BLE001 - failures are values here
-            progress.add([], 1)
+            record = ExceptionRecord.from_exception(error)
+            progress.add([], [record])
             if progress.exceptions > budget:
                 raise TooManyExceptionsError(
                     f"{progress.exceptions} rollouts failed (max_exceptions={max_exceptions})"
                 ) from error
-            return ExceptionRecord.from_exception(error)
-        progress.add([t], 0)
+            return record
+        progress.add([t], [])
         return t
 
     try:
-        return list(await asyncio.gather(*(one(i) for i in items)))
+        return await _run_all(one(i) for i in items)
     finally:
         progress.close()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .errors import CheckpointError, ConfigError
 from .storage import RunDir, atomic_write_text, dumps_jsonl, validate_name
+from .timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout
 from .types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,17 +46,21 @@ class Model:
         inference_api_key: str | None = None,
         inference_model_name: str | None = None,
         base_path: str | Path = DEFAULT_BASE_PATH,
+        inference_timeout: float | None = DEFAULT_INFERENCE_TIMEOUT,
     ) -> None:
+        """``inference_timeout``: seconds per model call through ``openai_client()`` and
+        ``litellm_completion_params()`` (``None``: no limit)."""
         self.name = validate_name(name, "model name")
         self.project = validate_name(project, "project name")
         self.inference_base_url = inference_base_url
         self.inference_api_key = inference_api_key
         self.inference_model_name = inference_model_name
+        self.inference_timeout = check_timeout(inference_timeout, "inference_timeout")
         self.base_path = Path(base_path)
         self.run_dir = RunDir(self.base_path, project, name)
         self._backend: Backend | None = None
         self._client: AsyncOpenAI | None = None
-        self._client_key: tuple[str | None, str | None] | None = None
+        self._client_key: tuple[str | None, str | None, float | None] | None = None
 
     # -- inference -----------------------------------------------------------------
     def get_inference_name(self, step: int | None = None) -> str:
@@ -68,12 +73,15 @@ class Model:
                 f"model {self.name!r} has no inference endpoint yet: pass inference_base_url=... "
                 "or call `await model.register(backend)` first"
             )
-        key = (self.inference_base_url, self.inference_api_key)
+        key = (self.inference_base_url, self.inference_api_key, self.inference_timeout)
         if self._client is None or self._client_key != key:
             from openai import AsyncOpenAI
 
             self._client = AsyncOpenAI(
-                base_url=self.inference_base_url, api_key=self.inference_api_key or "tracerl", max_retries=0, timeout=600
+                base_url=self.inference_base_url,
+                api_key=self.inference_api_key or "tracerl",
+                max_retries=0,
+                timeout=self.inference_timeout,
             )
             self._client_key = key
         return self._client
@@ -81,6 +89,8 @@ class Model:
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """Keyword arguments for ``litellm.completion`` that reach this model."""
         params: dict[str, Any] = {"model": self.get_inference_name(step), "temperature": 1.0}
+        if self.inference_timeout is not None:
+            params["timeout"] = self.inference_timeout
         if self.inference_base_url:
             params.update(
                 model=f"hosted_vllm/{self.get_inference_name(step)}",
@@ -153,6 +163,7 @@ class TrainableModel(Model):
         lora_config: dict[str, Any] | None = None,
         inference_base_url: str | None = None,
         inference_api_key: str | None = None,
+        inference_timeout: float | None = DEFAULT_INFERENCE_TIMEOUT,
     ) -> None:
         super().__init__(
             name,
@@ -160,6 +171,7 @@ class TrainableModel(Model):
             inference_base_url=inference_base_url,
             inference_api_key=inference_api_key,
             base_path=base_path,
+            inference_timeout=inference_timeout,
         )
         if not base_model:
             raise ConfigError("base_model must name a model, e.g. 'smollm2-135m' or a local HF folder")

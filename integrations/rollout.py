@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from tracerl.gather import bounded
 from tracerl.types import Trajectory, TrajectoryGroup, current_group_id
 
 from . import semconv
@@ -252,11 +253,15 @@ async def trajectory_group(
     model: Any = None,
     task: Any = None,
     metadata: dict[str, Any] | None = None,
+    rollout_timeout: float | None = None,
 ) -> TrajectoryGroup:
     """Run N attempts at one task concurrently, each in its own rollout, as a group.
 
     ``rollouts`` is either a zero-argument async function called ``n`` times, or an
     iterable of awaitables.  A failed attempt is kept in ``group.exceptions``.
+    ``rollout_timeout``: seconds after which an attempt is cancelled and recorded as a
+    :class:`~tracerl.errors.RolloutTimeoutError` (default: the ``rollout_timeout`` of the
+    enclosing ``gather_trajectory_groups``, else no limit).
     """
     if callable(rollouts):
         if n is None:
@@ -266,7 +271,7 @@ async def trajectory_group(
         awaitables = list(rollouts)
     group_id = uuid.uuid4().hex[:8]
     results = await asyncio.gather(
-        *(trajectory(a, model, task=task, group=group_id, metadata=metadata) for a in awaitables),
+        *(bounded(trajectory(a, model, task=task, group=group_id, metadata=metadata), rollout_timeout) for a in awaitables),
         return_exceptions=True,
     )
     for result in results:

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from tracerl.errors import JudgeError, TracerlError
+from tracerl.errors import JudgeError, JudgeTimeoutError, TracerlError
 from tracerl.ruler.cache import RulerCache, cache_key, resolve_cache
 from tracerl.ruler.client import complete, resolve_judge
 from tracerl.ruler.parse import AnswerProblem, extract_json
 from tracerl.storage import atomic_write_text
+from tracerl.timeouts import within
 
 from .server import McpResource, McpTool
 
@@ -240,6 +241,11 @@ async def _ask(target: Any, messages: list[dict[str, Any]], n: int) -> list[Scen
     for attempt in range(2):
         try:
             answer = await complete(target, messages, response_format(n))
+        except JudgeTimeoutError as error:  # a TimeoutError stays one, worded for the generator
+            raise JudgeTimeoutError(
+                f"the scenario generator {target.label} did not answer {within(target.timeout)} (knob: "
+                'generate_scenarios(..., extra_litellm_params={"timeout": seconds}), generator_params= in MCP•RL)'
+            ) from error.__cause__
         except JudgeError as error:  # RULER's client names it a judge; here it is the generator
             raise ScenarioError(f"the scenario generator {target.label} failed: {error.__cause__ or error}") from error
         try:

@@ -6,15 +6,22 @@ OpenAI-compatible ``base_url``, e.g. a vLLM server), or a ``tracerl.Model`` (a m
 served by a tracerl backend).  Endpoints go through LiteLLM's OpenAI-compatible
 providers, so every judge takes the same code path.  LiteLLM is imported on first use
 (it costs seconds), with the bundled price map (no network at import).
+
+Every call is bounded: LiteLLM's ``timeout`` is ``DEFAULT_JUDGE_TIMEOUT`` (180 s) unless
+``extra_litellm_params={"timeout": seconds}`` says otherwise (LiteLLM's own default is
+6000 s).  It bounds the whole call, the SDK's own retries of transient errors included, so
+a judge that does not answer raises :class:`JudgeTimeoutError` after that long.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracerl.errors import JudgeError
+from tracerl.errors import JudgeError, JudgeTimeoutError
+from tracerl.timeouts import DEFAULT_JUDGE_TIMEOUT, check_timeout, within
 
 _NOT_STRUCTURED: set[str] = set()
 """Judges that rejected ``response_format`` once in this process (not sent again)."""
@@ -39,6 +46,8 @@ class JudgeTarget:
     params: dict[str, Any] = field(default_factory=dict)
     structured: bool = True
     """Whether to ask for a JSON schema via ``response_format``."""
+    timeout: float | None = DEFAULT_JUDGE_TIMEOUT
+    """Seconds per call (LiteLLM's ``timeout``); kept out of ``params`` so that cache keys ignore it."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ def resolve_judge(judge_model: Any, extra_litellm_params: dict[str, Any] | None 
     elif hasattr(judge_model, "litellm_completion_params"):  # tracerl.Model (or look-alike)
         params = dict(judge_model.litellm_completion_params())
         params.pop("temperature", None)  # the policy samples at T=1; the judge takes the provider's default
+        params.pop("timeout", None)  # the policy's call limit; a judge has its own (DEFAULT_JUDGE_TIMEOUT)
         if "base_url" in params:
             params["api_base"] = params.pop("base_url")
         endpoint = "api_base" in params
@@ -82,8 +92,9 @@ def resolve_judge(judge_model: Any, extra_litellm_params: dict[str, Any] | None 
             f"judge_model must be a LiteLLM model string, a JudgeEndpoint or a tracerl.Model, got {judge_model!r}"
         )
     params.update(extra)
+    timeout = check_timeout(params.pop("timeout", DEFAULT_JUDGE_TIMEOUT), "the judge's timeout")
     structured = endpoint or _supports_schema(params["model"])
-    return JudgeTarget(label=label, params=params, structured=structured)
+    return JudgeTarget(label=label, params=params, structured=structured, timeout=timeout)
 
 
 def _supports_schema(model: str) -> bool:
@@ -101,12 +112,21 @@ def _cost(litellm: Any, response: Any) -> float | None:
     return float(cost) if cost is not None else None
 
 
+async def _bounded(call: Any, seconds: float | None) -> Any:
+    """``call`` awaited for at most ``seconds`` in all (LiteLLM's ``timeout`` is per attempt)."""
+    async with asyncio.timeout(seconds):
+        return await call
+
+
 async def complete(
     target: JudgeTarget, messages: list[dict[str, Any]], response_format: dict[str, Any] | None
 ) -> Completion:
-    """One chat completion; provider errors become :class:`JudgeError` (``raise … from``)."""
+    """One chat completion; provider errors become :class:`JudgeError` (``raise … from``),
+    a call past ``target.params["timeout"]`` seconds :class:`JudgeTimeoutError`."""
     litellm = litellm_module()
     kwargs = dict(target.params, messages=messages)
+    if target.timeout is not None:  # None: explicitly unlimited (LiteLLM's own default, 6000 s)
+        kwargs["timeout"] = target.timeout
     if "response_format" in target.params:  # the caller's choice wins; None means "do not send one"
         if kwargs["response_format"] is None:
             kwargs.pop("response_format")
@@ -114,14 +134,19 @@ async def complete(
         kwargs["response_format"] = response_format
     try:
         try:
-            response = await litellm.acompletion(**kwargs)
+            response = await _bounded(litellm.acompletion(**kwargs), target.timeout)
         except (litellm.BadRequestError, litellm.UnsupportedParamsError):
             if "response_format" not in kwargs:
                 raise
             _NOT_STRUCTURED.add(target.label)  # this judge refuses JSON schemas: parse its text instead
             kwargs.pop("response_format")
-            response = await litellm.acompletion(**kwargs)
+            response = await _bounded(litellm.acompletion(**kwargs), target.timeout)
     except Exception as error:  # noqa: BLE001 - translated at the boundary
+        if isinstance(error, (litellm.Timeout, TimeoutError)):
+            raise JudgeTimeoutError(
+                f"the judge {target.label} did not answer {within(target.timeout)} "
+                '(knob: extra_litellm_params={"timeout": seconds})'
+            ) from error
         raise JudgeError(f"the call to judge {target.label} failed: {type(error).__name__}: {error}") from error
     usage = getattr(response, "usage", None)
     choice = response.choices[0] if getattr(response, "choices", None) else None

@@ -94,8 +94,8 @@ async def _call(
 ) -> Any:
     try:
         completion = await complete(target, messages, schema)
-    except JudgeError as error:
-        raise JudgeError(f"RULER could not score {group}: {error}") from error.__cause__ or error
+    except JudgeError as error:  # same type (a JudgeTimeoutError stays a TimeoutError), naming the group
+        raise type(error)(f"RULER could not score {group}: {error}") from error.__cause__ or error
     stats.add_call(completion)
     return completion
 

@@ -20,6 +20,9 @@ EXPECTED_ALL = {
     "RemoteConnectionError", "TooManyExceptionsError", "TracerlError", "TrainResult", "TrainableModel", "Trajectory",
     "TrajectoryError", "TrajectoryGroup", "gather_trajectories", "gather_trajectory_groups", "iterate_dataset", "retry",
     "rollout", "trajectory", "trajectory_group",
+    # typed faults (DESIGN §5.8)
+    "InfrastructureError", "InferenceTimeoutError", "McpServerError", "McpTimeoutError", "RolloutTimeoutError",
+    "JudgeTimeoutError",
 }
 
 
