@@ -20,7 +20,7 @@ from uuid import UUID
 
 from opentelemetry import trace
 
-from . import layers
+from . import faults, layers
 from . import semconv as sc
 from .health import guard, record_error
 from .messages import to_semconv
@@ -115,6 +115,7 @@ def _make_handler_class() -> type:
             span = self._spans.pop(run_id, None)
             layers.langchain_run_ended(run_id, span)
             _end_with_error(span, error)
+            faults.note_failure("model", "a LangChain chat model", error)  # e.g. a provider without our SDK hook
 
         # -- tools -----------------------------------------------------------------------------------
         def on_tool_start(
@@ -152,6 +153,7 @@ def _make_handler_class() -> type:
 
         def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
             _end_with_error(self._spans.pop(run_id, None), error)
+            faults.note_failure("tool", "of a LangChain tool", error)  # ToolNode may turn it into a message
 
     return TracerlCallbackHandler
 

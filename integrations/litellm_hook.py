@@ -3,7 +3,8 @@
 Patches the module attributes, so enable it before ``from litellm import acompletion``
 (``litellm.acompletion(...)`` always goes through the hook).  Requests to a
 tracerl-served ``base_url``/``api_base`` ask for token ids and logprobs; LiteLLM keeps
-``prompt_token_ids`` and per-choice ``token_ids`` on its ``ModelResponse``.
+``prompt_token_ids`` and per-choice ``token_ids`` on its ``ModelResponse``.  Failed calls
+inside a rollout are noted as infrastructure failures like the OpenAI hook's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from .health import guard
-from .openai_hook import _detach, _fail, prepare_request
+from .openai_hook import _Call, _detach, _fail, prepare_request
 from .patching import Patches
 from .spans import finish_chat_span, start_chat_span
 from .streams import AsyncStreamRecorder, StreamRecorder
@@ -23,16 +24,20 @@ from .streams import AsyncStreamRecorder, StreamRecorder
 _patches = Patches()
 
 
-def _begin(kwargs: dict[str, Any]) -> tuple[Any, Any]:
+LITELLM_TIMEOUT_KNOB = "litellm's timeout=..., e.g. Model(inference_timeout=...) via litellm_completion_params()"
+
+
+def _begin(kwargs: dict[str, Any]) -> tuple[Any, Any, _Call]:
     span = token = None
+    base_url = kwargs.get("base_url") or kwargs.get("api_base")
+    call = _Call(base_url or kwargs.get("model"), kwargs, kwargs.get("timeout"), LITELLM_TIMEOUT_KNOB)
     with guard("litellm_request"):
-        base_url = kwargs.get("base_url") or kwargs.get("api_base")
         requested = prepare_request(kwargs, base_url)
         model = str(kwargs.get("model") or "")
         provider = model.split("/", 1)[0] if "/" in model else "litellm"
         span = start_chat_span("litellm", kwargs, provider=provider, base_url=base_url, token_ids_requested=requested)
         token = otel_context.attach(trace.set_span_in_context(span))
-    return span, token
+    return span, token, call
 
 
 def _positional(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -45,14 +50,18 @@ def _positional(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[An
     return args, kwargs
 
 
-def _respond(span: Any, result: Any, recorder: type | None) -> Any:
+def _respond(span: Any, result: Any, recorder: type | None, call: _Call) -> Any:
     """What the caller gets back: ``result``, or a recorder that finishes the span as it streams."""
     if span is None:
+        call.ended()
         return result
     with guard("litellm_response"):
         if recorder is not None:
-            return recorder(result, span, "litellm")
+            stream = recorder(result, span, "litellm")
+            stream.on_end = call.ended
+            return stream
         finish_chat_span(span, result)
+    call.ended()
     return result
 
 
@@ -60,15 +69,18 @@ def _wrap_sync(original: Any) -> Any:
     @functools.wraps(original)
     def completion(*args: Any, **kwargs: Any) -> Any:
         args, kwargs = _positional(args, kwargs)
-        span, token = _begin(kwargs)
+        span, token, call = _begin(kwargs)
         try:
             result = original(*args, **kwargs)
         except BaseException as error:
             _detach(token)
+            call.returned()
             _fail(span, error)
+            call.failed(error)
             raise
         _detach(token)
-        return _respond(span, result, StreamRecorder if kwargs.get("stream") else None)
+        call.returned()
+        return _respond(span, result, StreamRecorder if kwargs.get("stream") else None, call)
 
     completion.__tracerl_original__ = original  # type: ignore[attr-defined]
     return completion
@@ -78,15 +90,18 @@ def _wrap_async(original: Any) -> Any:
     @functools.wraps(original)
     async def acompletion(*args: Any, **kwargs: Any) -> Any:
         args, kwargs = _positional(args, kwargs)
-        span, token = _begin(kwargs)
+        span, token, call = _begin(kwargs)
         try:
             result = await original(*args, **kwargs)
         except BaseException as error:
             _detach(token)
+            call.returned()
             _fail(span, error)
+            call.failed(error)
             raise
         _detach(token)
-        return _respond(span, result, AsyncStreamRecorder if kwargs.get("stream") else None)
+        call.returned()
+        return _respond(span, result, AsyncStreamRecorder if kwargs.get("stream") else None, call)
 
     acompletion.__tracerl_original__ = original  # type: ignore[attr-defined]
     return acompletion

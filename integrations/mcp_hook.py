@@ -7,6 +7,11 @@ so a session shared by concurrent rollouts still puts each call in its own rollo
 becomes an ``execute_tool``-operation span named ``tools/call {name}`` with the MCP
 method, tool name, arguments, result text and error; ``tools/list`` records the tools
 offered (used as the trajectory's tools when no model call listed any).
+
+A request that fails because the server died, the connection dropped or the request
+timed out is noted on the rollout as an infrastructure failure (:mod:`.faults`): the
+rollout raises even when the agent (or LangGraph's ``ToolNode``) turned the error into a
+message.  Errors the tool reports (``isError`` results) stay the tool's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from . import faults
 from . import semconv as sc
 from .health import guard
 from .patching import Patches
@@ -69,6 +75,20 @@ def _end(span: Any, token: Any, error: BaseException | None = None) -> None:
                 span.end()
 
 
+MCP_TIMEOUT_KNOB = "McpServerSpec(request_timeout=...), or call_tool(..., read_timeout_seconds=...)"
+
+
+def seconds(value: Any) -> Any:
+    """A timeout in seconds: ``mcp`` 1.x takes a ``timedelta``, 2.x a float."""
+    return value.total_seconds() if hasattr(value, "total_seconds") else value
+
+
+def _note_failure(session: Any, target: str, error: BaseException, key: Any, timeout: Any) -> None:
+    if timeout is None:
+        timeout = getattr(session, "_session_read_timeout_seconds", None)  # the session's default, if any
+    faults.note_failure("mcp", target, error, key, timeout=seconds(timeout), knob=MCP_TIMEOUT_KNOB)
+
+
 def _wrap_call_tool(original: Any) -> Any:
     @functools.wraps(original)
     async def call_tool(self: Any, name: str, arguments: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -80,11 +100,15 @@ def _wrap_call_tool(original: Any) -> Any:
                 sc.TOOL_CALL_ARGUMENTS: json.dumps(arguments or {}, default=str),
             }
         span, token = _start(f"tools/call {name}", "tools/call", attributes)
+        key = lambda: faults.call_key("mcp", id(self), str(name), arguments)  # noqa: E731
         try:
             result = await original(self, name, arguments, *args, **kwargs)
         except BaseException as error:
             _end(span, token, error)
+            timeout = kwargs.get("read_timeout_seconds", args[0] if args else None)
+            _note_failure(self, f"tools/call {name!r}", error, key, timeout)
             raise
+        faults.note_success("mcp", key)
         if span is not None:
             with guard("mcp_call_tool_result"):
                 span.set_attribute(sc.TOOL_CALL_RESULT, result_text(result))
@@ -101,11 +125,14 @@ def _wrap_list_tools(original: Any) -> Any:
     @functools.wraps(original)
     async def list_tools(self: Any, *args: Any, **kwargs: Any) -> Any:
         span, token = _start("tools/list", "tools/list", {})
+        key = lambda: faults.call_key("mcp", id(self), "tools/list")  # noqa: E731
         try:
             result = await original(self, *args, **kwargs)
         except BaseException as error:
             _end(span, token, error)
+            _note_failure(self, "tools/list", error, key, None)
             raise
+        faults.note_success("mcp", key)
         if span is not None:
             with guard("mcp_list_tools_result"):
                 tools = [

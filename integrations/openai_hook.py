@@ -5,17 +5,23 @@ such as OpenInference's request span nest under it); streams are re-assembled as
 are consumed.  When the client points at a tracerl-served endpoint the request asks for
 ``return_token_ids`` and ``logprobs`` and the exact ids are kept as a token record joined
 by span id / response id.  Capture failures never reach the caller.
+
+A failed call (refused or dropped connection, timeout, 5xx) inside a rollout is noted
+as an infrastructure failure (:mod:`.faults`), so the rollout raises even when the agent
+swallows the error; a retry of the same request that succeeds forgives it.
 """
 
 from __future__ import annotations
 
 import functools
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from . import semconv as sc
+from . import faults
 from .endpoints import is_tracerl_endpoint
 from .health import guard
 from .patching import Patches
@@ -38,15 +44,59 @@ def prepare_request(kwargs: dict[str, Any], base_url: Any) -> bool:
     return True
 
 
-def _begin(completions: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+_in_model_call: ContextVar[bool] = ContextVar("tracerl_in_model_call", default=False)
+"""Set while a hooked model call runs: LiteLLM's call through the OpenAI SDK is one call, not two."""
+
+
+class _Call:
+    """One model call as the fault log sees it: where it went, its input, its time limit.
+
+    ``returned()`` must follow the library call (it clears the "in a model call" mark);
+    ``failed`` / ``ended`` report the outcome.  A call made inside another hooked call
+    (LiteLLM's own OpenAI SDK call) reports nothing: the outer call does.
+    """
+
+    __slots__ = ("target", "kwargs", "timeout", "knob", "nested", "_mark")
+
+    def __init__(self, target: Any, kwargs: dict[str, Any], timeout: Any, knob: str) -> None:
+        self.target, self.kwargs, self.timeout, self.knob = str(target), kwargs, timeout, knob
+        self.nested = _in_model_call.get()
+        self._mark = _in_model_call.set(True)
+        if not self.nested:
+            faults.note_start("model", self.key)
+
+    def key(self) -> int:
+        return faults.call_key(self.target, self.kwargs.get("model"), self.kwargs.get("messages"))
+
+    def returned(self) -> None:
+        with guard("model_call_mark"):
+            _in_model_call.reset(self._mark)
+
+    def failed(self, error: BaseException) -> None:
+        if not self.nested:
+            faults.note_failure("model", self.target, error, self.key, timeout=self.timeout, knob=self.knob)
+
+    def ended(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            self.failed(error)
+        elif not self.nested:
+            faults.note_success("model", self.key)
+
+
+OPENAI_TIMEOUT_KNOB = "the client's timeout, e.g. Model(inference_timeout=...)"
+
+
+def _begin(completions: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, _Call]:
     span = token = None
+    client = getattr(completions, "_client", None)
+    base_url = getattr(client, "base_url", None)
+    timeout = kwargs.get("timeout")
+    call = _Call(base_url, kwargs, getattr(client, "timeout", None) if timeout is None else timeout, OPENAI_TIMEOUT_KNOB)
     with guard("openai_request"):
-        client = getattr(completions, "_client", None)
-        base_url = getattr(client, "base_url", None)
         requested = prepare_request(kwargs, base_url)
         span = start_chat_span("openai", kwargs, provider="openai", base_url=base_url, token_ids_requested=requested)
         token = otel_context.attach(trace.set_span_in_context(span))
-    return span, token
+    return span, token, call
 
 
 def _detach(token: Any) -> None:
@@ -68,34 +118,41 @@ def _parsed(result: Any) -> Any:
     return result
 
 
-def _respond(span: Any, result: Any, stream_type: str, recorder: type) -> Any:
+def _respond(span: Any, result: Any, stream_type: str, recorder: type, call: _Call) -> Any:
     """What the caller gets back: ``result``, or a recorder that finishes the span as it streams."""
     if span is None:
+        call.ended()
         return result
     with guard("openai_response"):
         value = _parsed(result)
         if value.__class__.__name__ == stream_type and (hasattr(value, "__iter__") or hasattr(value, "__aiter__")):
             if value is result:
-                return recorder(value, span, "openai")
+                stream = recorder(value, span, "openai")
+                stream.on_end = call.ended  # a stream that breaks is a failed call too
+                return stream
             span.set_attribute(sc.STREAM, True)  # raw streaming response: request side only
             span.end()
             return result
         finish_chat_span(span, value)
+    call.ended()
     return result
 
 
 def _wrap_sync(original: Any) -> Any:
     @functools.wraps(original)
     def create(self: Any, *args: Any, **kwargs: Any) -> Any:
-        span, token = _begin(self, kwargs)
+        span, token, call = _begin(self, kwargs)
         try:
             result = original(self, *args, **kwargs)
         except BaseException as error:
             _detach(token)
+            call.returned()
             _fail(span, error)
+            call.failed(error)
             raise
         _detach(token)
-        return _respond(span, result, "Stream", StreamRecorder)
+        call.returned()
+        return _respond(span, result, "Stream", StreamRecorder, call)
 
     create.__tracerl_original__ = original  # type: ignore[attr-defined]
     return create
@@ -104,15 +161,18 @@ def _wrap_sync(original: Any) -> Any:
 def _wrap_async(original: Any) -> Any:
     @functools.wraps(original)
     async def create(self: Any, *args: Any, **kwargs: Any) -> Any:
-        span, token = _begin(self, kwargs)
+        span, token, call = _begin(self, kwargs)
         try:
             result = await original(self, *args, **kwargs)
         except BaseException as error:
             _detach(token)
+            call.returned()
             _fail(span, error)
+            call.failed(error)
             raise
         _detach(token)
-        return _respond(span, result, "AsyncStream", AsyncStreamRecorder)
+        call.returned()
+        return _respond(span, result, "AsyncStream", AsyncStreamRecorder, call)
 
     create.__tracerl_original__ = original  # type: ignore[attr-defined]
     return create

@@ -6,6 +6,14 @@ rollout) current through context variables, so everything the agent does inside 
 copied context (LangChain and LangGraph do this for sync code) — lands in this rollout
 and no other.  On exit ``r.trajectory`` is the :class:`~tracerl.Trajectory` built from
 the trace's spans.
+
+An infrastructure failure noticed by the hooks during the rollout (the MCP server died,
+the inference server dropped the connection or answered 5xx, a call timed out) makes
+the exit raise a typed :class:`~tracerl.errors.InfrastructureError` (chained from the
+original error), even when the agent swallowed it and carried on, so the attempt lands
+in ``group.exceptions`` and is never trained on (see :mod:`.faults`; a retry that
+succeeded forgives it).  ``raise_infrastructure_errors=False`` keeps the trajectory
+instead, with the failures in ``metadata["infrastructure_errors"]``.
 """
 
 from __future__ import annotations
@@ -15,11 +23,12 @@ import functools
 import inspect
 import uuid
 from contextvars import ContextVar
-from typing import Any, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from tracerl.errors import InfrastructureError
 from tracerl.gather import bounded
 from tracerl.types import Trajectory, TrajectoryGroup, current_group_id
 
@@ -27,6 +36,9 @@ from . import semconv
 from .health import guard, record_error
 from .deferred import PendingSpans
 from .processor import RolloutBuffer, get_processor, get_span_ids, get_tracer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .faults import FaultLog
 
 _current: ContextVar["Rollout | None"] = ContextVar("tracerl_rollout", default=None)
 _start_hooks: list[Callable[["Rollout"], None]] = []
@@ -60,8 +72,11 @@ class Rollout:
         split: str | None = None,
         tags: Iterable[str] = (),
         user_id: str | None = None,
+        raise_infrastructure_errors: bool = True,
     ) -> None:
         self.model = model
+        self.raise_infrastructure_errors = raise_infrastructure_errors
+        """Raise a typed error at exit when an infrastructure failure was noticed (see the module doc)."""
         self.task = task
         self._given_group, self._given_name = group, name  # a decorator re-creates one per call
         self.group = group if group is not None else current_group_id()
@@ -81,6 +96,8 @@ class Rollout:
         self._trace_id: int | None = None
         self.pending_spans: PendingSpans | None = None
         """Model-call spans recorded cheaply during the rollout, made real when it ends."""
+        self.faults: FaultLog | None = None
+        """Infrastructure failures the hooks noticed (and no retry made good); None while there are none."""
 
     # -- scope ------------------------------------------------------------------------------
     def _enter(self) -> "Rollout":
@@ -111,6 +128,7 @@ class Rollout:
 
     def _exit(self, error: BaseException | None) -> None:
         _current.reset(self._tokens.pop())
+        infrastructure = self._infrastructure_error(error)
         trajectory: Trajectory | None = None
         with guard("rollout_end"):
             if self._tokens:
@@ -119,9 +137,10 @@ class Rollout:
             if pending is not None:
                 pending.materialize()
             if self._span is not None:
-                if error is not None:
-                    self._span.record_exception(error)
-                    self._span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+                failed = infrastructure if infrastructure is not None else error
+                if failed is not None:
+                    self._span.record_exception(failed)
+                    self._span.set_status(trace.Status(trace.StatusCode.ERROR, type(failed).__name__))
                 for hook in _end_hooks:
                     with guard("rollout_end_hook"):
                         hook(self)
@@ -132,6 +151,19 @@ class Rollout:
             trajectory = Trajectory(messages_and_choices=[], logs=["tracerl capture failed for this rollout"])
             trajectory.metrics["capture_failed"] = 1
         self._finish(trajectory)
+        if self.faults:
+            trajectory.metadata["infrastructure_errors"] = self.faults.to_json()
+            trajectory.metrics["infrastructure_errors"] = len(self.faults.failures)
+        if infrastructure is not None:
+            raise infrastructure from self.faults.failures[0].error  # type: ignore[union-attr]
+
+    def _infrastructure_error(self, error: BaseException | None) -> InfrastructureError | None:
+        """The typed error to raise at exit, or None (no failure, opted out, or already propagating)."""
+        if not self.faults or not self.raise_infrastructure_errors:
+            return None
+        if error is not None and (not isinstance(error, Exception) or isinstance(error, InfrastructureError)):
+            return None  # a cancellation, or the typed error itself: let it propagate as it is
+        return self.faults.to_error(error)
 
     def _convert(self, buffer: RolloutBuffer | None) -> Trajectory:
         from .convert import spans_to_trajectory
@@ -183,6 +215,7 @@ class Rollout:
         template = dict(
             model=self.model, task=self.task, group=self._given_group, metadata=self.metadata, split=self.split,
             tags=self.tags, user_id=self.user_id, name=self._given_name or getattr(fn, "__name__", None),
+            raise_infrastructure_errors=self.raise_infrastructure_errors,
         )  # fmt: skip
         if inspect.iscoroutinefunction(fn):
 
@@ -221,9 +254,17 @@ def rollout(
     split: str | None = None,
     tags: Iterable[str] = (),
     user_id: str | None = None,
+    raise_infrastructure_errors: bool = True,
 ) -> Rollout:
-    """Open a rollout scope (``async with`` / ``with`` / decorator); see :class:`Rollout`."""
-    return Rollout(model, task=task, group=group, metadata=metadata, name=name, split=split, tags=tags, user_id=user_id)
+    """Open a rollout scope (``async with`` / ``with`` / decorator); see :class:`Rollout`.
+
+    ``raise_infrastructure_errors=False``: keep the trajectory of an attempt during which
+    the MCP server or the inference server failed (default: raise a typed error at exit).
+    """
+    return Rollout(
+        model, task=task, group=group, metadata=metadata, name=name, split=split, tags=tags, user_id=user_id,
+        raise_infrastructure_errors=raise_infrastructure_errors,
+    )  # fmt: skip
 
 
 async def trajectory(

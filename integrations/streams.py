@@ -3,7 +3,7 @@ and end the span (with token ids, when the server streams them) once the stream 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from opentelemetry import trace
 
@@ -96,6 +96,9 @@ class ChunkAccumulator:
 
 
 class _Recorder:
+    on_end: Callable[[BaseException | None], None] | None = None
+    """Told how the stream ended (the error, or None); the hooks note infrastructure failures with it."""
+
     def __init__(self, stream: Any, span: Any, layer: str) -> None:
         self._stream = stream
         self._span = span
@@ -116,6 +119,9 @@ class _Recorder:
                 self._span.record_exception(error)
                 self._span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
             self._acc.finish(self._span)
+        if self.on_end is not None:
+            with guard(f"{self._layer}_stream_on_end"):
+                self.on_end(error)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

@@ -2,7 +2,10 @@
 
 Replies are scripted by a function ``script(body) -> Reply``; the default one calls the
 first offered tool once (with the last user message as ``query``) and then answers with
-``"answer: " + <last tool result or user message>``.  Like tracerl's servers it returns
+``"answer: " + <last tool result or user message>``.  For the fault tests a reply can
+also be an error status (``Reply(status=500)``), a connection that drops in the middle of
+the response (``Reply(drop=True)``, streamed or not), or no answer at all until the server
+stops (``Reply(hang=True)``).  Like tracerl's servers it returns
 ``prompt_token_ids`` and per-choice ``token_ids`` when asked with ``return_token_ids``,
 and logprobs when asked with ``logprobs``.  Token ids are fake but deterministic
 (character codes), so tests can check they were joined to the right turn.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,6 +32,12 @@ class Reply:
     content: str | None = None
     tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     finish_reason: str | None = None
+    status: int | None = None
+    """Answer with this HTTP error status (an OpenAI-style error body) instead."""
+    drop: bool = False
+    """Start the response, then drop the connection mid-body (the server "vanishes")."""
+    hang: bool = False
+    """Never answer (until the server stops)."""
 
 
 def default_script(body: dict[str, Any]) -> Reply:
@@ -80,6 +90,7 @@ class FakeOpenAIServer(LoopbackApp):
         """``prompt_ids_on_choice``: streamed prompt ids also on the first chunk's choice, as
         tracerl's servers send them (raw vLLM puts them on the chunk only)."""
         super().__init__()
+        self._stopping = threading.Event()
         self.prompt_ids_on_choice = prompt_ids_on_choice
         self.script = script
         self.delay_s = delay_s
@@ -100,11 +111,25 @@ class FakeOpenAIServer(LoopbackApp):
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         reply = self.script(body)
+        if reply.hang:
+            while not self._stopping.is_set():
+                await asyncio.sleep(0.02)
+        if reply.status is not None:
+            error = {"message": f"scripted failure {reply.status}", "type": "server_error", "code": reply.status}
+            return JSONResponse({"error": error}, status_code=reply.status)
         response = self._build(body, reply)
+        if reply.drop:
+            events = self._sse(body, response) if body.get("stream") else _chunks(json.dumps(response))
+            media = "text/event-stream" if body.get("stream") else "application/json"
+            return StreamingResponse(_dropped(events), media_type=media)
         self.responses.append(response)
         if body.get("stream"):
             return StreamingResponse(self._sse(body, response), media_type="text/event-stream")
         return JSONResponse(response)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        super().stop()
 
     def _build(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
         calls = [
@@ -193,6 +218,19 @@ class FakeOpenAIServer(LoopbackApp):
         yield "data: [DONE]\n\n"
 
 
+
+
+async def _chunks(text: str):
+    for i in range(0, len(text), 16):
+        yield text[i : i + 16]
+
+
+async def _dropped(events: Any):
+    """The first piece of a response, then the connection goes away (uvicorn closes it)."""
+    async for event in events:
+        yield event
+        break
+    raise ConnectionResetError("scripted: the inference server went away in the middle of a response")
 
 
 if __name__ == "__main__":  # run standalone (e.g. for bench/capture_overhead.py): prints the base URL

@@ -280,18 +280,20 @@ async def test_bad_tool_arguments_json_is_reported_to_the_model(policy_server, h
         assert await call_tool(session, {"add"}, "add", '{"a": 1, "b": 2}') == ("3", False)
 
 
-async def test_a_failing_model_call_surfaces_as_itself_in_the_group():
-    """Errors raised inside the MCP session are not hidden in anyio's exception groups."""
+async def test_a_failing_model_call_surfaces_as_an_inference_server_error_in_the_group():
+    """Errors raised inside the MCP session are not hidden in anyio's exception groups; an
+    unreachable inference server is an infrastructure failure, chained to the SDK's error."""
     from openai import APIConnectionError
 
     model = tracerl.Model("p", "tests", inference_base_url="http://127.0.0.1:1/v1", inference_model_name="m")
-    with pytest.raises(APIConnectionError):
+    with pytest.raises(tracerl.InferenceServerError, match=r"http://127\.0\.0\.1:1/v1") as caught:
         await run_mcp_agent(model, TIME_SERVER, "What time is it?")
+    assert isinstance(caught.value.__cause__, APIConnectionError)
     [group] = await tracerl.gather_trajectory_groups(
         [tracerl.TrajectoryGroup(run_mcp_agent(model, TIME_SERVER, "What time is it?") for _ in range(2))],
         pbar_desc=None, max_exceptions=2,
     )  # fmt: skip
-    assert [e.type for e in group.exceptions] == ["APIConnectionError", "APIConnectionError"]
+    assert [e.type for e in group.exceptions] == ["InferenceServerError", "InferenceServerError"]
 
 
 # -- train.py (recipe, with a recording backend) -----------------------------------------------------------
