@@ -8,20 +8,31 @@ tracerl backend).  A failing tool (an MCP error result, an exception, unparsable
 arguments, an unknown name) becomes a tool message starting with ``Error:``, never a
 crash.  The loop ends when the model answers without a tool call, or after ``max_turns``
 model calls.
+
+Infrastructure is not the policy's doing, so it is never turned into a tool message: a
+tool call that does not answer within ``request_timeout`` raises
+:class:`~tracerl.errors.McpTimeoutError`, an MCP server that died or dropped the
+connection :class:`~tracerl.errors.McpServerError`, a failing inference server
+:class:`~tracerl.errors.InferenceServerError`; ``gather_trajectory_groups`` records the
+attempt in ``group.exceptions``.
 """
 
 from __future__ import annotations
 
 import json
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 import tracerl
+from tracerl.errors import McpServerError, McpTimeoutError
+from tracerl.integrations.faults import classify
 from tracerl.integrations.mcp_hook import mcp_field
 from tracerl.integrations.mcp_hook import result_text as mcp_result_text
+from tracerl.timeouts import DEFAULT_MCP_REQUEST_TIMEOUT, within
 
 from .scenarios import Scenario
-from .server import McpServerSpec, McpTool, open_session, tools_from_listing
+from .server import McpServerSpec, McpTool, list_tools, open_session, sdk_timeout
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent that completes the user's task with the tools you are given. "
@@ -52,8 +63,15 @@ async def _session(spec_or_session: McpServerSpec | Any) -> AsyncIterator[Any]:
         yield spec_or_session
 
 
-async def call_tool(session: Any, known: set[str], name: str, raw_arguments: str | None) -> tuple[str, bool]:
-    """Run one tool call; returns ``(tool message content, failed?)``. Never raises (except cancellation)."""
+async def call_tool(
+    session: Any, known: set[str], name: str, raw_arguments: str | None, *, timeout: float | None = DEFAULT_MCP_REQUEST_TIMEOUT
+) -> tuple[str, bool]:
+    """Run one tool call; returns ``(tool message content, failed?)``.
+
+    The policy's mistakes and the tool's own errors are messages; raises only when the
+    server is at fault: :class:`McpTimeoutError` past ``timeout`` seconds,
+    :class:`McpServerError` when it died or the connection dropped.
+    """
     if name not in known:
         return f"Error: there is no tool named {name!r}; the tools are {', '.join(sorted(known))}", True
     try:
@@ -63,8 +81,16 @@ async def call_tool(session: Any, known: set[str], name: str, raw_arguments: str
     if not isinstance(arguments, dict):
         return "Error: the arguments must be a JSON object", True
     try:
-        result = await session.call_tool(name, arguments)
-    except Exception as error:  # noqa: BLE001 - a tool failure is an observation for the model
+        result = await session.call_tool(name, arguments, read_timeout_seconds=sdk_timeout(timeout))
+    except Exception as error:  # noqa: BLE001 - a tool failure is an observation for the model...
+        reason = classify(error)  # ...unless the server is at fault
+        if reason == "timeout":
+            raise McpTimeoutError(
+                f"the MCP tool {name!r} did not answer {within(timeout)} "
+                "(knob: McpServerSpec(request_timeout=...), or run_mcp_agent(..., request_timeout=...))"
+            ) from error
+        if reason is not None:
+            raise McpServerError(f"the MCP server failed during the call to tool {name!r}: {type(error).__name__}: {error}") from error
         return f"Error: {type(error).__name__}: {error}", True
     text = result_text(result)
     return text, text.startswith("Error:")
@@ -81,12 +107,16 @@ async def run_mcp_agent(
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     tools: Sequence[McpTool] | None = None,
     few_shot: Sequence[dict[str, Any]] = (),
+    request_timeout: float | None = None,
 ) -> tracerl.Trajectory:
     """One attempt at ``task``; returns the captured trajectory (reward 0, to be judged).
 
     ``spec_or_session``: an :class:`McpServerSpec` (a session is opened for this attempt,
     a stdio server started and stopped) or an open ``ClientSession`` shared by attempts.
     ``tools``: the tools to offer (default: ``list_tools`` on the session).
+    ``request_timeout``: seconds per tool call (default: the spec's ``request_timeout``,
+    or 120 s for a session you pass); model calls are bounded by the model's client
+    (``Model(inference_timeout=...)``).
     ``few_shot``: messages placed between the system prompt and the task (e.g. worked
     examples: user, assistant with ``tool_calls``, tool, assistant); they help a small
     model a lot and are never trained on.
@@ -99,36 +129,40 @@ async def run_mcp_agent(
     if scenario.metadata:
         metadata["scenario_metadata"] = dict(scenario.metadata)
     prompt = [{"role": "system", "content": system_prompt}, *few_shot, {"role": "user", "content": scenario.task}]
+    if request_timeout is None:
+        request_timeout = spec_or_session.request_timeout if isinstance(spec_or_session, McpServerSpec) else DEFAULT_MCP_REQUEST_TIMEOUT
     async with tracerl.rollout(model, task=scenario.task, metadata=metadata) as r:
         async with _session(spec_or_session) as session:
-            offered = tuple(tools) if tools is not None else tools_from_listing(await session.list_tools())
-            r.output = await _loop(r, model, session, offered, prompt, max_turns, max_tokens, temperature)
+            offered = tuple(tools) if tools is not None else await list_tools(session, request_timeout)
+            limits = _Limits(max_turns, max_tokens, temperature, request_timeout)
+            r.output = await _loop(r, model, session, offered, prompt, limits)
     assert r.trajectory is not None
     return r.trajectory
 
 
+@dataclass(frozen=True)
+class _Limits:
+    max_turns: int
+    max_tokens: int
+    temperature: float
+    request_timeout: float | None
+
+
 async def _loop(
-    r: Any,
-    model: tracerl.Model,
-    session: Any,
-    tools: Sequence[McpTool],
-    prompt: list[dict[str, Any]],
-    max_turns: int,
-    max_tokens: int,
-    temperature: float,
+    r: Any, model: tracerl.Model, session: Any, tools: Sequence[McpTool], prompt: list[dict[str, Any]], limits: _Limits
 ) -> str:
     client = model.openai_client()
     schemas = openai_tools(tools)
     known = {t.name for t in tools}
     messages = list(prompt)
     r.metrics.update(turns=0, tool_calls=0, tool_errors=0, finished=0)
-    for _ in range(max_turns):
+    for _ in range(limits.max_turns):
         response = await client.chat.completions.create(
             model=model.get_inference_name(),
             messages=messages,
             tools=schemas or None,
-            max_tokens=max_tokens,
-            temperature=temperature,
+            max_tokens=limits.max_tokens,
+            temperature=limits.temperature,
         )
         r.metrics["turns"] += 1
         message = response.choices[0].message
@@ -137,7 +171,9 @@ async def _loop(
             r.metrics["finished"] = 1
             return message.content or ""
         for call in message.tool_calls:
-            content, failed = await call_tool(session, known, call.function.name, call.function.arguments)
+            content, failed = await call_tool(
+                session, known, call.function.name, call.function.arguments, timeout=limits.request_timeout
+            )
             r.metrics["tool_calls"] += 1
             r.metrics["tool_errors"] += int(failed)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})

@@ -136,6 +136,7 @@ async def _gather(
         temperature=settings["val_temperature" if val else "temperature"],
         system_prompt=settings["system_prompt"],
         few_shot=settings["few_shot"],
+        request_timeout=server.request_timeout,  # also when the session is shared
     )
     attempts = settings["val_rollouts" if val else "rollouts_per_group"]
     async with contextlib.AsyncExitStack() as stack:
@@ -153,6 +154,7 @@ async def _gather(
             pbar_desc=desc,
             max_exceptions=settings["max_exceptions"],
             after_each=as_after_each(settings["judge"]),
+            rollout_timeout=settings["rollout_timeout"],
         )
 
 
@@ -189,6 +191,7 @@ async def train_mcp_agent(
     share_session: bool = False,
     seed: int = 0,
     train_kwargs: dict[str, Any] | None = None,
+    rollout_timeout: float | None = None,
 ) -> McpRLResult:
     """Train ``model`` (registered with ``backend``) as an agent on ``server`` until step ``steps``.
 
@@ -198,7 +201,10 @@ async def train_mcp_agent(
     ``num_val_scenarios``.  ``judge_model`` / ``generator_model``: a LiteLLM model string, a
     ``tracerl.ruler.JudgeEndpoint`` or a ``tracerl.Model``.  ``few_shot``: messages shown
     between the system prompt and each task (worked examples).  ``max_exceptions``: the
-    fraction of failed attempts tolerated per gather.  ``train_kwargs`` go to
+    fraction of failed attempts tolerated per gather (an attempt whose MCP server or
+    inference server failed counts as one, as does one cancelled past ``rollout_timeout``
+    seconds; the server's own limits are ``server.startup_timeout`` / ``request_timeout``,
+    the model's ``Model(inference_timeout=...)``).  ``train_kwargs`` go to
     ``backend.train`` (e.g. ``loss_fn``).  Groups the judge cannot score are dropped
     (``groups_dropped`` in the logged metrics); a step with no group left is skipped.
     """
@@ -211,7 +217,7 @@ async def train_mcp_agent(
         few_shot=list(few_shot), judge=resolve_judge(judge, judge_model, rubric, judge_params),
         rollouts_per_group=rollouts_per_group, val_rollouts=val_rollouts or rollouts_per_group,
         val_temperature=temperature if val_temperature is None else val_temperature,
-        max_exceptions=max_exceptions, share_session=share_session,
+        max_exceptions=max_exceptions, share_session=share_session, rollout_timeout=rollout_timeout,
     )  # fmt: skip
     discovery = await discover(server)
     logger.info("MCP server %s: %d tools (%s)", server.label, len(discovery.tools), ", ".join(t.name for t in discovery.tools))
