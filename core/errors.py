@@ -20,6 +20,21 @@ class TrajectoryError(TracerlError, ValueError):
     """A trajectory cannot be used as given (malformed messages, missing token ids...)."""
 
 
+class NonFiniteError(TracerlError, FloatingPointError):
+    """A training step met a NaN or infinite loss, gradient or adapter weight, so it was not taken.
+
+    Raised by ``backend.train`` (unless ``on_non_finite="skip"``) with the step not advanced and
+    the adapter and optimizer state as they were before the call.  ``sequences`` holds the
+    indices of the training sequences whose tokens had a non-finite loss (when known);
+    ``adapter_changed`` says the in-memory adapter was already updated and must be reloaded.
+    """
+
+    def __init__(self, message: str, *, sequences: tuple[int, ...] = (), adapter_changed: bool = False) -> None:
+        super().__init__(message)
+        self.sequences = tuple(sequences)
+        self.adapter_changed = adapter_changed
+
+
 class CheckpointError(TracerlError, RuntimeError):
     """A checkpoint or the run directory is missing or inconsistent."""
 

@@ -74,6 +74,8 @@ class LossOutput:
     clipped: float
     tokens: float
     kl_sum: float
+    non_finite_BT: torch.Tensor | None = None
+    """Trained tokens whose loss is NaN or infinite (to name the sequences behind a non-finite loss)."""
 
 
 def policy_loss(
@@ -138,6 +140,7 @@ def policy_loss(
         clipped=float((is_clipped & mask_BT).sum()),
         tokens=float(mask_BT.sum()),
         kl_sum=kl_sum,
+        non_finite_BT=~torch.isfinite(per_token.detach()) & mask_BT,
     )
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -18,12 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Literal
 
 from .base_models import resolve_base_model
-from .errors import CheckpointError, ConfigError
-from .grpo import ImportanceLevel, LossFn, equal_trajectory_weights, group_advantages
+from .errors import CheckpointError, ConfigError, NonFiniteError, TrajectoryError
 from .model import Model, TrainableModel
 from .storage import RunDir, atomic_dir
 from .tokenization import TokenizeStats, TrainingSequence, tokenize_trajectory
 from .types import TrainResult, TrajectoryGroup
+from .validation import check_groups, check_train_arguments, describe_group, describe_trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
     from .inference.base import InferenceServer
@@ -172,36 +174,45 @@ class LocalBackend:
         scale_rewards: bool = True,
         max_grad_norm: float = 0.1,
         allow_retokenize: bool = False,
+        on_non_finite: Literal["raise", "skip"] = "raise",
     ) -> TrainResult:
         """One GRPO step on ``trajectory_groups``; returns the new step, metrics and checkpoint path.
 
-        Zero-variance groups are skipped; if none is trainable the step still advances and
-        the previous adapter is copied to the new checkpoint.  An unsupported keyword is a
-        ``TypeError`` (Python's own), never silently ignored.
+        Arguments and every number of every trajectory are checked before any model is loaded
+        (``ConfigError`` / ``TrajectoryError``).  Zero-variance groups are skipped; if none is
+        trainable the step still advances and the previous adapter is copied.  A non-finite
+        loss, gradient or update raises :class:`NonFiniteError` with nothing changed, or with
+        ``on_non_finite="skip"`` is logged and advances like a step without trainable groups
+        (README, "What backend.train does").  An unsupported keyword is a ``TypeError``.
         """
-        from .trainer import StepConfig
-
-        state = self._state(model)
-        groups = list(trajectory_groups)
-        config = StepConfig(
+        settings = dict(
             learning_rate=learning_rate,
-            loss_fn=LossFn(loss_fn),
+            loss_fn=loss_fn,
             epsilon=epsilon,
             epsilon_high=epsilon_high,
-            importance_level=ImportanceLevel(importance_sampling_level),
             kl_penalty_coef=kl_penalty_coef,
             max_grad_norm=max_grad_norm,
         )
+        check_train_arguments(
+            **settings,
+            importance_sampling_level=importance_sampling_level,
+            scale_rewards=scale_rewards,
+            allow_retokenize=allow_retokenize,
+            on_non_finite=on_non_finite,
+        )
+        state = self._state(model)
+        groups = list(trajectory_groups)
+        check_groups(groups, vocab_size=_embedding_rows(state.model_path))
+        from .trainer import StepConfig  # torch: only once everything is known to be sane
+
+        config = StepConfig(**settings, importance_level=importance_sampling_level)
         started = time.monotonic()
         step = (state.run_dir.latest_step() or 0) + 1
         sequences, metrics = self._prepare(state, groups, scale_rewards, allow_retokenize)
         final = state.run_dir.checkpoint_path(step)
-        if sequences:
-            trainer = await asyncio.to_thread(self._trainer, state)
-            async with _serving_paused(state.server):  # two cores: don't generate and train at once
-                metrics.update(await asyncio.to_thread(self._run_step, trainer, sequences, config, state))
+        if sequences and await self._step_or_skip(state, sequences, config, metrics, on_non_finite):
             with atomic_dir(final) as tmp:
-                await asyncio.to_thread(trainer.save, tmp, step=step)
+                await asyncio.to_thread(self._trainer(state).save, tmp, step=step)
         else:
             previous = state.run_dir.checkpoint_path(step - 1)
             if not previous.exists():
@@ -224,10 +235,44 @@ class LocalBackend:
         metrics["step_seconds"] = time.monotonic() - started
         return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
 
+    async def _step_or_skip(
+        self, state: _Registered, sequences: list[TrainingSequence], config: Any, metrics: dict[str, float], on_non_finite: str
+    ) -> bool:
+        """Run the optimizer step; False when it was skipped for a non-finite number (``on_non_finite="skip"``).
+
+        On :class:`NonFiniteError` nothing of this call remains: the trainer never applied the
+        update, or (``adapter_changed``) is dropped so the next call reloads the last checkpoint;
+        any other error drops it too (it may have stopped half-way through an update).  Serving
+        resumes either way.
+        """
+        trainer = await asyncio.to_thread(self._trainer, state)
+        try:
+            async with _serving_paused(state.server):  # two cores: don't generate and train at once
+                metrics.update(await asyncio.to_thread(self._run_step, trainer, sequences, config, state))
+            return True
+        except NonFiniteError as error:
+            if error.adapter_changed:
+                state.trainer = None
+            what = f"{error}{_name_sequences(sequences, error.sequences)}"
+            if on_non_finite == "raise":
+                raise NonFiniteError(
+                    f"{what}; the step did not advance, the adapter and optimizer state are unchanged "
+                    "(on_non_finite='skip' skips such updates instead)",
+                    sequences=error.sequences,
+                ) from error
+            log.warning("on_non_finite='skip': %s; the update is skipped and the previous adapter copied to the new step", what)
+            metrics["skipped_non_finite"] = 1.0
+            return False
+        except BaseException:
+            state.trainer = None  # it may have failed half-way through an update: reload the last checkpoint
+            raise
+
     def _prepare(
         self, state: _Registered, groups: list[TrajectoryGroup], scale_rewards: bool, allow_retokenize: bool
     ) -> tuple[list[TrainingSequence], dict[str, float]]:
         """Advantages per group, then tokenization of the trainable groups' trajectories."""
+        from .grpo import group_advantages
+
         stats = TokenizeStats()
         sequences: list[TrainingSequence] = []
         trainable_groups = 0
@@ -237,9 +282,11 @@ class LocalBackend:
             if not trainable:
                 trajectory_index += len(group.trajectories)
                 continue
+            if not all(math.isfinite(a) for a in advantages):
+                raise TrajectoryError(f"{describe_group(g, group)}: rewards {group.rewards} are too large: their advantages overflow")
             trainable_groups += 1
             tokenizer = self.tokenizer(state.model)
-            for trajectory, advantage in zip(group.trajectories, advantages):
+            for i, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages)):
                 for seq in tokenize_trajectory(
                     trajectory,
                     tokenizer,
@@ -248,6 +295,7 @@ class LocalBackend:
                     allow_retokenize=allow_retokenize,
                     stats=stats,
                     max_seq_len=self.max_seq_len,
+                    label=describe_trajectory(g, group, i, trajectory),
                 ):
                     seq.advantage = advantage
                     sequences.append(seq)
@@ -257,6 +305,7 @@ class LocalBackend:
             "num_groups_trainable": float(trainable_groups),
             "num_trajectories": float(sum(len(g.trajectories) for g in groups)),
             "num_sequences": float(len(sequences)),
+            "skipped_non_finite": 0.0,
             **stats.metrics(),
         }
         return sequences, metrics
@@ -264,6 +313,7 @@ class LocalBackend:
     def _run_step(
         self, trainer: "LoRATrainer", sequences: list[TrainingSequence], config: Any, state: _Registered
     ) -> dict[str, float]:
+        from .grpo import equal_trajectory_weights
         from .packing import pack_sequences
 
         per_trajectory: dict[int, int] = {}
@@ -276,6 +326,30 @@ class LocalBackend:
             sequences, [weight_of[s.trajectory_index] for s in sequences], max_tokens=self.micro_batch_tokens, pad_token_id=pad
         )
         return trainer.step(batches, config)
+
+
+def _name_sequences(sequences: list[TrainingSequence], indices: tuple[int, ...]) -> str:
+    """``" (in group 0 (task ...), trajectory 1 (id ...), advantage inf; ...)"``: whose tokens went non-finite."""
+    if not indices:
+        return ""
+    seen: dict[str, float] = {}
+    for i in indices:
+        if 0 <= i < len(sequences):
+            seen.setdefault(sequences[i].label or f"sequence {i}", sequences[i].advantage)
+    named = "; ".join(f"{label}, advantage {advantage:.6g}" for label, advantage in list(seen.items())[:5])
+    more = f" and {len(seen) - 5} more" if len(seen) > 5 else ""
+    return f" (non-finite token losses in: {named}{more})"
+
+
+@functools.lru_cache(maxsize=32)
+def _embedding_rows(model_path: Path) -> int | None:
+    """The base model's vocabulary size (embedding rows) from its ``config.json``; None when unknown."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(size) if isinstance(size, int) and size > 0 else None
 
 
 async def _unload_quietly(server: Any, name: str) -> None:

@@ -18,6 +18,7 @@ from .errors import CheckpointError, ConfigError
 from .storage import RunDir, atomic_write_text, dumps_jsonl, validate_name
 from .timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout
 from .types import Trajectory, TrajectoryGroup
+from .validation import check_groups, lora_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from openai import AsyncOpenAI
@@ -126,6 +127,7 @@ class Model:
         """
         validate_name(split, "split")
         groups = _as_groups(groups_or_trajectories)
+        check_groups(groups)  # a NaN set in place (t.metrics["x"] = nan) would poison the averages
         if step is None:
             step = await self.get_step()
         row_metrics = aggregate_metrics(groups)
@@ -176,6 +178,7 @@ class TrainableModel(Model):
         if not base_model:
             raise ConfigError("base_model must name a model, e.g. 'smollm2-135m' or a local HF folder")
         self.base_model = base_model
+        lora_values(lora_config)  # a bad rank or dropout fails here, not at the first train step
         self.lora_config = dict(lora_config or {})
         self._step_cache: int | None = None
 

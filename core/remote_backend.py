@@ -22,6 +22,7 @@ from .errors import (
     CheckpointError,
     ConfigError,
     InferenceServerError,
+    NonFiniteError,
     RemoteBackendError,
     RemoteConnectionError,
     TooManyExceptionsError,
@@ -40,7 +41,7 @@ TOKEN_ENV = "TRACERL_SERVE_TOKEN"
 # behave as with a LocalBackend.  TypeError (unknown train keyword) keeps its message unchanged.
 _SAME_CLASS: dict[str, type[Exception]] = {
     cls.__name__: cls
-    for cls in (ConfigError, TrajectoryError, CheckpointError, InferenceServerError, TooManyExceptionsError)
+    for cls in (ConfigError, TrajectoryError, CheckpointError, InferenceServerError, TooManyExceptionsError, NonFiniteError)
 }
 
 
@@ -54,7 +55,13 @@ def decode_groups(data: Any) -> list[TrajectoryGroup]:
     """Inverse of :func:`encode_groups` (raises ``TrajectoryError`` on a malformed payload)."""
     if not isinstance(data, list):
         raise TrajectoryError(f"'groups' must be a list of trajectory groups, got {type(data).__name__}")
-    return [TrajectoryGroup.from_json_dict(group) for group in data]
+    groups = []
+    for index, group in enumerate(data):
+        try:
+            groups.append(TrajectoryGroup.from_json_dict(group))
+        except TrajectoryError as error:
+            raise TrajectoryError(f"group {index}: {error}") from error
+    return groups
 
 
 def dumps_body(body: dict[str, Any]) -> bytes:

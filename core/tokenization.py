@@ -44,6 +44,8 @@ class TrainingSequence:
     trajectory_index: int
     group_index: int
     advantage: float = 0.0
+    label: str = ""
+    """Which trajectory this row comes from, as errors name it (``"group 0 (task ...), trajectory 1 (id ...)"``)."""
 
     @property
     def num_trainable(self) -> int:
@@ -195,12 +197,17 @@ def tokenize_trajectory(
     allow_retokenize: bool = False,
     stats: TokenizeStats | None = None,
     max_seq_len: int | None = None,
+    label: str | None = None,
 ) -> list[TrainingSequence]:
-    """All sequences of a trajectory: its main history and every additional history."""
+    """All sequences of a trajectory: its main history and every additional history.
+
+    ``label`` names the trajectory in errors and on each sequence (default: by its indices and id).
+    """
     stats = stats if stats is not None else TokenizeStats()
+    label = label or f"group {group_index}, trajectory {trajectory_index} ({trajectory.id})"
     sequences: list[TrainingSequence] = []
     for h, history in enumerate(trajectory.histories()):
-        where = f"group {group_index}, trajectory {trajectory_index} ({trajectory.id}), history {h}"
+        where = f"{label}, history {h}"
         sequences += tokenize_history(
             history,
             tokenizer,
@@ -210,6 +217,8 @@ def tokenize_trajectory(
             stats=stats,
             where=where,
         )
+    for seq in sequences:
+        seq.label = label
     if max_seq_len is not None:
         for seq in sequences:
             if len(seq.token_ids) > max_seq_len:

@@ -15,8 +15,10 @@ from typing import Any, Sequence
 
 import torch
 
+from .errors import ConfigError, NonFiniteError, TrajectoryError
 from .grpo import ImportanceLevel, LossFn, chunked_token_logprobs, policy_loss, probability_correlation
 from .packing import MicroBatch
+from .validation import check_lora_settings, check_step_settings, lora_values
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -24,23 +26,19 @@ DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "
 @dataclass(frozen=True)
 class LoRASettings:
     r: int = 8
-    alpha: int = 16
+    alpha: float = 16
     dropout: float = 0.0
     """0 by default: dropout would make trainer logprobs differ from the sampler's."""
     target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
 
+    def __post_init__(self) -> None:
+        check_lora_settings(self.r, self.alpha, self.dropout, self.target_modules)
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "LoRASettings":
-        values = dict(values or {})
-        unknown = set(values) - {"r", "alpha", "dropout", "target_modules", "lora_alpha", "lora_dropout"}
-        if unknown:
-            raise TypeError(f"unknown lora_config keys: {sorted(unknown)}")
-        return cls(
-            r=int(values.get("r", cls.r)),
-            alpha=int(values.get("alpha", values.get("lora_alpha", cls.alpha))),
-            dropout=float(values.get("dropout", values.get("lora_dropout", cls.dropout))),
-            target_modules=tuple(values.get("target_modules", DEFAULT_TARGET_MODULES)),
-        )
+        """From a ``lora_config`` dict (unknown keys: ``TypeError``; bad values: ``ConfigError``)."""
+        return cls(**lora_values(values))
 
 
 @dataclass
@@ -52,6 +50,18 @@ class StepConfig:
     importance_level: ImportanceLevel = ImportanceLevel.TOKEN
     kl_penalty_coef: float = 0.0
     max_grad_norm: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_step_settings(
+            learning_rate=self.learning_rate,
+            loss_fn=self.loss_fn,
+            epsilon=self.epsilon,
+            epsilon_high=self.epsilon_high,
+            importance_sampling_level=self.importance_level,
+            kl_penalty_coef=self.kl_penalty_coef,
+            max_grad_norm=self.max_grad_norm,
+        )
+        self.loss_fn, self.importance_level = LossFn(self.loss_fn), ImportanceLevel(self.importance_level)
 
 
 def _release_freed_memory() -> None:
@@ -134,14 +144,66 @@ class LoRATrainer:
 
     # -- one optimizer step -------------------------------------------------------
     def step(self, micro_batches: Sequence[MicroBatch], config: StepConfig) -> dict[str, float]:
-        """Accumulate the GRPO loss over all micro-batches, clip, and take one AdamW step."""
+        """Accumulate the GRPO loss over all micro-batches, clip, and take one AdamW step.
+
+        Nothing non-finite is ever applied: an adapter that is already non-finite, a NaN/inf
+        loss (checked per micro-batch, before its backward) or gradient norm raises
+        :class:`NonFiniteError` with the gradients cleared and the adapter and optimizer state
+        untouched.  An update that makes the adapter non-finite (a learning rate so large that
+        the weights overflow) raises with ``adapter_changed=True``: the caller must reload
+        the adapter from its last checkpoint (``LocalBackend`` does).
+        """
+        largest = torch.finfo(self.params[0].dtype).max if self.params else math.inf
+        if config.learning_rate >= largest:  # AdamW would fail half-way through its update
+            raise ConfigError(f"learning_rate={config.learning_rate} overflows the adapter's {self.params[0].dtype} weights")
+        self._check_adapter_finite("before the step (was it loaded from a corrupt checkpoint?)")
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            totals, sampler, trainer = self._accumulate(micro_batches, config)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
+            if not torch.isfinite(grad_norm):
+                raise NonFiniteError(
+                    f"the gradient norm is {float(grad_norm)} (the loss was finite: {totals['loss']}); "
+                    "the optimizer step was not taken"
+                )
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        _release_freed_memory()
+        self._check_adapter_finite(f"after the update (learning_rate={config.learning_rate} too large?)", changed=True)
+        n = max(totals["tokens"], 1.0)
+        metrics = {
+            "loss": totals["loss"],
+            "entropy": totals["entropy"] / n,
+            "ratio_mean": totals["ratio_sum"] / n,
+            "ratio_max": totals["ratio_max"],
+            "clipped_fraction": totals["clipped"] / n,
+            "grad_norm": float(grad_norm),
+            "trained_tokens": totals["tokens"],
+            "forward_tokens": float(sum(mb.num_tokens for mb in micro_batches)),
+            "num_micro_batches": float(len(micro_batches)),
+        }
+        if config.kl_penalty_coef:
+            metrics["kl"] = totals["kl"] / n
+        if sampler:
+            corr = probability_correlation(torch.cat(sampler), torch.cat(trainer))
+            if not math.isnan(corr):
+                metrics["sampler_trainer_prob_corr"] = corr
+        return metrics
+
+    def _accumulate(
+        self, micro_batches: Sequence[MicroBatch], config: StepConfig
+    ) -> tuple[dict[str, float], list[torch.Tensor], list[torch.Tensor]]:
+        """Forward and backward of every micro-batch (gradients add up); raises on a non-finite loss."""
         normalizer = sum(float((mb.weights_N > 0).sum()) for mb in micro_batches)
         totals = {"loss": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0}
         sampler, trainer = [], []
-        for mb in micro_batches:
+        for index, mb in enumerate(micro_batches):
+            self._check_vocabulary(mb)
             logprobs, entropy = self._token_logprobs(mb)
             ref = None
             if config.kl_penalty_coef:
@@ -162,6 +224,13 @@ class LoRATrainer:
                 kl_penalty_coef=config.kl_penalty_coef,
                 sequence_ids_BT=mb.sequence_ids_N.to(self.device),
             )
+            if not torch.isfinite(out.loss):
+                bad = mb.sequence_ids_N[out.non_finite_BT.cpu()].unique().tolist() if out.non_finite_BT is not None else []
+                raise NonFiniteError(
+                    f"the loss of micro-batch {index + 1}/{len(micro_batches)} is {float(out.loss.detach())}; "
+                    "the optimizer step was not taken",
+                    sequences=tuple(int(i) for i in bad),
+                )
             out.loss.backward()
             mask = weights > 0
             totals["loss"] += float(out.loss.detach())
@@ -173,31 +242,30 @@ class LoRATrainer:
             totals["entropy"] += float(entropy[mask].sum())
             sampler.append(mb.old_logprobs_N[mask.cpu()])
             trainer.append(logprobs.detach().cpu()[mask.cpu()])
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        _release_freed_memory()
-        n = max(totals["tokens"], 1.0)
-        metrics = {
-            "loss": totals["loss"],
-            "entropy": totals["entropy"] / n,
-            "ratio_mean": totals["ratio_sum"] / n,
-            "ratio_max": totals["ratio_max"],
-            "clipped_fraction": totals["clipped"] / n,
-            "grad_norm": float(grad_norm),
-            "trained_tokens": totals["tokens"],
-            "forward_tokens": float(sum(mb.num_tokens for mb in micro_batches)),
-            "num_micro_batches": float(len(micro_batches)),
-            "skipped_non_finite_grad": float(not torch.isfinite(grad_norm)),
-        }
-        if config.kl_penalty_coef:
-            metrics["kl"] = totals["kl"] / n
-        if sampler:
-            corr = probability_correlation(torch.cat(sampler), torch.cat(trainer))
-            if not math.isnan(corr):
-                metrics["sampler_trainer_prob_corr"] = corr
-        return metrics
+        return totals, sampler, trainer
+
+    def _check_vocabulary(self, batch: MicroBatch) -> None:
+        """Ids outside the embedding never reach it (on a GPU that is a device-side assert that
+        poisons the whole process); ``LocalBackend`` already named the trajectory, this is the last line."""
+        rows = self.model.get_input_embeddings().num_embeddings
+        ids = batch.input_ids_BT
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+            bad = ids[(ids < 0) | (ids >= rows)]
+            raise TrajectoryError(f"token id {int(bad[0])} is outside the model's embedding [0, {rows}); nothing was trained")
+
+    def _check_adapter_finite(self, when: str, *, changed: bool = False) -> None:
+        if not self.params:
+            return
+        with torch.no_grad():  # one device sync for all tensors; names only when something is wrong
+            if bool(torch.stack([torch.isfinite(p).all() for p in self.params]).all()):
+                return
+            bad = [name for name, p in self.model.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
+        if bad:
+            raise NonFiniteError(
+                f"the adapter holds NaN or infinite weights {when}: {', '.join(bad[:3])}"
+                + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""),
+                adapter_changed=changed,
+            )
 
     # -- persistence --------------------------------------------------------------
     def save(self, path: str | os.PathLike[str], *, step: int, with_optimizer: bool = True) -> None:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import traceback as traceback_module
 import uuid
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Union
+from typing import Annotated, Any, Iterable, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from .errors import TrajectoryError
+from .validation import check_logprobs, check_metrics, check_token_ids, finite_reward
 
 Message = dict[str, Any]
 """An OpenAI-style chat message (``role``, ``content``, optional ``tool_calls`` / ``tool_call_id``)."""
@@ -29,10 +29,48 @@ Tool = dict[str, Any]
 """An OpenAI-style tool schema (``{"type": "function", "function": {...}}``)."""
 
 
-class Choice(BaseModel):
+def _checked_metrics(value: dict[str, float | int | bool]) -> dict[str, float | int | bool]:
+    check_metrics(value)
+    return value
+
+
+Metrics = Annotated[dict[str, Union[float, int, bool]], AfterValidator(_checked_metrics)]
+"""Named numbers (bools, ints, finite floats: a NaN would poison the averages ``model.log`` writes)."""
+
+
+def _validation_message(error: ValidationError) -> str:
+    """pydantic's errors as one line each: ``Trajectory.reward: reward must be a finite number, got nan``."""
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"])
+        message = str(item["msg"]).removeprefix("Value error, ")
+        parts.append(f"{error.title}.{where}: {message}" if where else message)  # no loc: our own error, already named
+    return "; ".join(parts)
+
+
+class _Checked(BaseModel):
+    """Fields validated at construction *and* assignment (``t.reward = nan`` raises), with
+    :class:`TrajectoryError` instead of pydantic's ``ValidationError`` (both are ``ValueError``)."""
+
+    model_config = ConfigDict(validate_assignment=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise TrajectoryError(_validation_message(error)) from error
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as error:
+            raise TrajectoryError(_validation_message(error)) from error
+
+
+class Choice(_Checked):
     """One assistant turn sampled by the policy: the trainable unit of a trajectory."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     message: Message
     """The assistant message (``role="assistant"``, ``content``, optional ``tool_calls``)."""
@@ -52,6 +90,18 @@ class Choice(BaseModel):
     def _message_as_dict(cls, value: Any) -> Any:
         if hasattr(value, "model_dump"):
             value = value.model_dump(exclude_none=True)
+        return value
+
+    @field_validator("token_ids", "prompt_token_ids")
+    @classmethod
+    def _ids_in_range(cls, value: list[int] | None) -> list[int] | None:
+        check_token_ids(value)  # the upper bound (the model's vocabulary) is checked by train
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _finite_logprobs(cls, value: list[float] | None) -> list[float] | None:
+        check_logprobs(value)
         return value
 
     @classmethod
@@ -104,7 +154,7 @@ def _coerce_item(item: Any) -> MessageOrChoice:
     )
 
 
-class History(BaseModel):
+class History(_Checked):
     """An extra sequence of the same trajectory (a sub-agent, a branch, a compacted context)."""
 
     messages_and_choices: list[Any]
@@ -123,22 +173,21 @@ class History(BaseModel):
 class Trajectory(History):
     """One attempt at a task: what the agent saw and did, and how well it went."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
 
     additional_histories: list[History] = Field(default_factory=list)
     reward: float = 0.0
-    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    metrics: Metrics = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     trace_id: str | None = None
     id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
 
-    @field_validator("reward")
+    @field_validator("reward", mode="before")
     @classmethod
-    def _finite_reward(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise TrajectoryError(f"reward must be a finite number, got {value!r}")
-        return value
+    def _finite_reward(cls, value: Any) -> float:
+        return finite_reward(value)
+
 
     def log(self, message: str) -> None:
         self.logs.append(message)
@@ -176,8 +225,15 @@ class Trajectory(History):
             return cls.model_validate(data)
         except TrajectoryError:
             raise
-        except (TypeError, ValueError, AttributeError) as error:  # pydantic's ValidationError is a ValueError
-            raise TrajectoryError(f"malformed trajectory: {error}") from error
+        except ValidationError as error:
+            raise TrajectoryError(f"malformed trajectory{_id_of(data)}: {_validation_message(error)}") from error
+        except (TypeError, ValueError, AttributeError) as error:
+            raise TrajectoryError(f"malformed trajectory{_id_of(data)}: {error}") from error
+
+
+def _id_of(data: Any) -> str:
+    """`` (id 3f2a...)`` when a stored trajectory carries its id, for error messages."""
+    return f" (id {data['id']})" if isinstance(data, dict) and isinstance(data.get("id"), str) else ""
 
 
 def _with_choices(history: Any) -> Any:
@@ -225,15 +281,15 @@ def group_scope(group_id: str | None = None) -> Any:
     return _group_scope.set(group_id or uuid.uuid4().hex[:8])
 
 
-class TrajectoryGroup(BaseModel):
+class TrajectoryGroup(_Checked):
     """All attempts at one task; GRPO compares their rewards with each other."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
 
     trajectories: list[Trajectory]
     exceptions: list[ExceptionRecord] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    metrics: Metrics = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
 
     def __init__(
@@ -315,8 +371,14 @@ class TrajectoryGroup(BaseModel):
         if not isinstance(data, dict):
             raise TrajectoryError(f"a stored trajectory group must be a JSON object, got {type(data).__name__}")
         try:
+            trajectories = []
+            for i, item in enumerate(data.get("trajectories") or []):
+                try:
+                    trajectories.append(Trajectory.from_json_dict(item))
+                except TrajectoryError as error:
+                    raise TrajectoryError(f"trajectory {i}: {error}") from error
             return cls(
-                [Trajectory.from_json_dict(t) for t in data.get("trajectories") or []],
+                trajectories,
                 exceptions=[ExceptionRecord(**e) for e in data.get("exceptions") or []],
                 metadata=data.get("metadata") or {},
                 metrics=data.get("metrics") or {},

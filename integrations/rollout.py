@@ -31,9 +31,10 @@ from opentelemetry import trace
 from tracerl.errors import InfrastructureError
 from tracerl.gather import bounded
 from tracerl.types import Trajectory, TrajectoryGroup, current_group_id
+from tracerl.validation import finite_reward
 
 from . import semconv
-from .health import guard, record_error
+from .health import guard
 from .deferred import PendingSpans
 from .processor import RolloutBuffer, get_processor, get_span_ids, get_tracer
 
@@ -86,7 +87,7 @@ class Rollout:
         self.user_id = user_id
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.metrics: dict[str, float | int | bool] = {}
-        self.reward: float = 0.0
+        self._reward = 0.0
         self.output: Any = None
         self.trajectory: Trajectory | None = None
         self.id = uuid.uuid4().hex[:12]
@@ -98,6 +99,16 @@ class Rollout:
         """Model-call spans recorded cheaply during the rollout, made real when it ends."""
         self.faults: FaultLog | None = None
         """Infrastructure failures the hooks noticed (and no retry made good); None while there are none."""
+
+    @property
+    def reward(self) -> float:
+        """The reward the trajectory gets; ``r.reward = nan`` raises ``TrajectoryError`` right there,
+        in the code that computed it (a bad reward must never become a trajectory to train on)."""
+        return self._reward
+
+    @reward.setter
+    def reward(self, value: float) -> None:
+        self._reward = finite_reward(value, "rollout reward")
 
     # -- scope ------------------------------------------------------------------------------
     def _enter(self) -> "Rollout":
@@ -173,10 +184,7 @@ class Rollout:
         return spans_to_trajectory(buffer.spans, buffer.records, dropped_spans=buffer.dropped_spans)
 
     def _finish(self, trajectory: Trajectory) -> None:
-        try:
-            trajectory.reward = float(self.reward)
-        except Exception as error:  # noqa: BLE001 - a bad reward is the user's; keep the trajectory
-            record_error("rollout_reward", error)
+        trajectory.reward = self.reward  # finite: checked when it was set
         trajectory.metrics.update(self.metrics)
         trajectory.metadata.update({k: v for k, v in self.metadata.items()})
         if self.task is not None:
