@@ -30,6 +30,7 @@ from .errors import (
 )
 from .gather import gather_trajectories, gather_trajectory_groups
 from .model import Model, TrainableModel
+from .redact import install_log_filter as _install_log_filter
 from .retry import retry
 from .types import Choice, DatasetBatch, ExceptionRecord, History, TrainResult, Trajectory, TrajectoryGroup
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .remote_backend import RemoteBackend
 
 __version__ = "0.1.0"
+_install_log_filter()  # tracerl's own log records are redacted too (tracerl.redact)
 
 __all__ = [
     "Backend",

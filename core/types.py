@@ -20,6 +20,7 @@ from typing import Annotated, Any, Iterable, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from .errors import TrajectoryError
+from .redact import redact_text
 from .validation import check_logprobs, check_metrics, check_token_ids, finite_reward
 
 Message = dict[str, Any]
@@ -257,10 +258,12 @@ class ExceptionRecord:
 
     @classmethod
     def from_exception(cls, error: BaseException) -> "ExceptionRecord":
+        """The record of ``error``, credentials redacted (an error body may echo the request's key;
+        records travel to ``tracerl serve`` and into files)."""
         return cls(
             type=type(error).__name__,
-            message=str(error),
-            traceback="".join(traceback_module.format_exception(type(error), error, error.__traceback__)),
+            message=redact_text(str(error)),
+            traceback=redact_text("".join(traceback_module.format_exception(type(error), error, error.__traceback__))),
         )
 
 

@@ -23,6 +23,7 @@ from tracerl.types import Choice, History, Trajectory
 
 from . import semconv as sc
 from .health import record_error
+from .input_delta import base_of
 from .messages import canonical, from_openinference, from_semconv
 
 _LAYER_PRIORITY = {"openai": 0, "litellm": 1, "langchain": 2}
@@ -48,6 +49,8 @@ class ModelCall:
     keys: list[tuple[Any, ...]] = field(default_factory=list)
     duplicates: int = 0
     alias_span_ids: list[int] = field(default_factory=list)
+    base: tuple[int, int] | None = None
+    """(span id, prefix length) while ``inputs`` holds only a delta of that earlier call's input."""
 
     def expected(self) -> list[tuple[Any, ...]]:
         return self.keys + [canonical(self.output)]
@@ -87,6 +90,7 @@ def spans_to_trajectory(
                 mcp_tools = [_tool_schema(t) for t in json.loads(attributes[sc.MCP_TOOLS])]
         except Exception as error:  # noqa: BLE001 - one bad span must not lose the rollout
             errors_before.add("convert_span", error)
+    _resolve_deltas(calls, errors_before)
     unique, duplicates = _dedupe(calls)
     _join_records(unique, records, errors_before)
     unique.sort(key=lambda c: (c.start, c.end))
@@ -183,6 +187,7 @@ def _model_call(span: Any, attributes: Mapping[str, Any]) -> ModelCall | None:
         response_id=str(response_id) if response_id else None,
         usage=usage,
         keys=[canonical(m) for m in inputs],
+        base=base_of(attributes) if layer != "openinference" else None,
     )
 
 
@@ -257,6 +262,30 @@ def _find_response_metadata_id(data: Any, depth: int) -> str | None:
 
 
 # -- dedupe, join, chains ---------------------------------------------------------------------
+def _resolve_deltas(calls: list[ModelCall], tally: _ErrorTally) -> None:
+    """Full inputs for calls whose span stored a delta (``input_delta.py``): base prefix + own tail.
+
+    Iterative (a chain is as long as the rollout); inputs and keys of a chain share their items.
+    """
+    by_span = {call.span_id: call for call in calls}
+    for call in calls:
+        chain = []
+        current: ModelCall | None = call
+        while current is not None and current.base is not None and current not in chain:
+            chain.append(current)
+            current = by_span.get(current.base[0])
+        for link in reversed(chain):
+            base = by_span.get(link.base[0])  # type: ignore[index]
+            prefix = link.base[1]  # type: ignore[index]
+            link.base = None
+            if base is None or base.base is not None or prefix > len(base.inputs):
+                tally.add("capture_input_base_missing", LookupError(f"span {link.span_id:016x}: base input unavailable"))
+                continue
+            link.inputs = base.inputs[:prefix] + link.inputs
+            link.keys = base.keys[:prefix] + link.keys
+
+
+
 def _same_call(a: ModelCall, b: ModelCall) -> bool:
     if a.response_id and b.response_id:
         return a.response_id == b.response_id

@@ -26,6 +26,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from .health import guard, record_error
+from .input_delta import InputHistory
 
 FLUSH_AT = 256
 """Materialise once this many finished calls are pending (bounds memory in long rollouts)."""
@@ -178,6 +179,8 @@ class PendingSpans:
         self._ids = ids
         self._spans: list[DeferredSpan] = []
         self._lock = threading.Lock()
+        self.inputs = InputHistory()
+        """The recent model-call inputs, so each call's span stores only its new messages."""
 
     def open(self, start: Callable[..., Any]) -> DeferredSpan:
         span = DeferredSpan(start, otel_context.get_current())

@@ -36,6 +36,7 @@ from tracerl.validation import finite_reward
 from . import semconv
 from .health import guard
 from .deferred import PendingSpans
+from .outbound import redact_trajectory
 from .processor import RolloutBuffer, get_processor, get_span_ids, get_tracer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -199,6 +200,8 @@ class Rollout:
                 trajectory.metadata.setdefault("output", _jsonable(self.output))
         if self._trace_id is not None:
             trajectory.trace_id = f"{self._trace_id:032x}"
+        with guard("rollout_redact"):
+            redact_trajectory(trajectory)  # credentials never reach training, files or tracerl serve
         self.trajectory = trajectory
 
     async def __aenter__(self) -> "Rollout":

@@ -11,6 +11,7 @@ from opentelemetry import trace
 from . import layers
 from . import semconv as sc
 from .deferred import DeferredSpan
+from .input_delta import delta_attributes
 from .messages import _plain, to_semconv, to_semconv_list
 from .processor import TokenRecord, get_processor, get_tracer
 from .rollout import current_rollout
@@ -52,16 +53,19 @@ def start_chat_span(
 
     Inside a rollout the span is a :class:`~.deferred.DeferredSpan`: the request is
     snapshotted (the agent will append to its message list) and described when the
-    rollout materialises its spans; outside one, a real span starts now.
+    rollout materialises its spans, its input as a delta of an earlier call's
+    (:mod:`.input_delta`); outside one, a real span starts now.
     """
     scope = current_rollout()
-    if scope is not None and scope.pending_spans is not None:
-        messages = messages if messages is not None else kwargs.get("messages") or ()
-        snapshot = [dict(m) if type(m) is dict else m for m in messages]
-        start = functools.partial(
-            _start_span, layer, dict(kwargs), provider, base_url, token_ids_requested, snapshot
-        )
-        span = scope.pending_spans.open(start)
+    pending = scope.pending_spans if scope is not None else None
+    if pending is not None:
+        request = {k: v for k, v in kwargs.items() if k != "messages"}  # a list per call would be O(turns²)
+
+        def open_span(tail: list[Any], base: tuple[int, int] | None) -> Any:
+            start = functools.partial(_start_span, layer, request, provider, base_url, token_ids_requested, tail, base=base)
+            return pending.open(start)
+
+        span = pending.inputs.open(layer, messages if messages is not None else kwargs.get("messages") or (), open_span)
         layers.note_start(trace.get_current_span(), span.get_span_context().span_id)  # real spans: on_start
         return span
     return _start_span(layer, kwargs, provider, base_url, token_ids_requested, messages)
@@ -75,6 +79,7 @@ def _start_span(
     token_ids_requested: bool,
     messages: Any,
     *,
+    base: tuple[int, int] | None = None,
     context: Any = None,
     start_time: int | None = None,
 ) -> Any:
@@ -84,6 +89,7 @@ def _start_span(
         sc.PROVIDER_NAME: provider,
         sc.LAYER: layer,
         sc.INPUT_MESSAGES: _dumps(to_semconv_list(messages if messages is not None else kwargs.get("messages") or ())),
+        **delta_attributes(base),
     }
     if _given(model):
         attributes[sc.REQUEST_MODEL] = str(model)

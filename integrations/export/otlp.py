@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from tracerl.errors import ConfigError, TracerlError
 
 from ..health import record_error
+from ..outbound import OutboundSpanExporter
 from ..processor import get_tracer_provider
 from .langfuse import Destination, is_sdk_span, langfuse_view, share_with_sdk, unshare_with_sdk
 
@@ -125,6 +126,7 @@ def attach(
             otlp = OTLPSpanExporter(
                 endpoint=endpoint, headers=dict(headers or {}), timeout=timeout_s, compression=Compression(compression)
             )
+            otlp = OutboundSpanExporter(otlp)  # full chat inputs, credentials redacted (outbound.py)
             exporter = Exporter(otlp, endpoint, where)
             processor = ExportProcessor(provider, exporter, make_scores() if make_scores else None)
             if share_sdk:

@@ -1,0 +1,262 @@
+"""One redaction step for everything that leaves tracerl: spans, trajectories, errors, logs.
+
+Why one step: a key reaches an exported trace or a written file through many doors (a
+header an instrumentor records in ``llm.invocation_parameters``, an error body that echoes
+the ``Authorization`` header into an exception event, a tool result, a log line), and each
+door patched on its own is a door forgotten.  So every outbound path calls :func:`redact`
+(nested data) or :func:`redact_text` (one string), and they all apply the same rules:
+
+- **sensitive names**: a dict key, header or ``key=value`` / ``"key": "value"`` pair named
+  ``authorization``, ``api_key`` / ``api-key`` / ``x-api-key``, ``access_token``, ``password``,
+  ``client_secret``... (:func:`is_sensitive_key`) has its value replaced;
+- **known key shapes** anywhere in text: ``sk-…`` (OpenAI, ``sk-proj-``, Anthropic ``sk-ant-``),
+  Langfuse ``pk-lf-…`` / ``sk-lf-…``, ``Bearer …`` / ``Basic …`` credentials, AWS access key ids,
+  Google API keys and OAuth tokens, Hugging Face, GitHub, Slack, Groq tokens;
+- **registered secrets**: exact values given to :func:`register_secret` (tracerl registers its
+  serve token and internal server keys), the values of environment variables whose names say
+  they hold one (``*_API_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD``...), and extra
+  patterns given to :func:`register_pattern`.
+
+Redaction runs where data leaves (the exporter thread, the end of a rollout, an exception
+becoming an :class:`~tracerl.ExceptionRecord`, a log record), not on the agent's call path.
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from typing import Any, Iterable
+
+__all__ = [
+    "REDACTED",
+    "RedactingLogFilter",
+    "install_log_filter",
+    "is_sensitive_key",
+    "redact",
+    "redact_text",
+    "register_pattern",
+    "register_secret",
+    "scan_environment",
+]
+
+REDACTED = "[REDACTED]"
+MIN_SECRET_LENGTH = 8
+"""Shorter registered values are ignored: redacting ``"x"`` or ``"tracerl"`` everywhere would wreck text."""
+MAX_REGISTERED = 10_000
+"""Registered secrets and patterns are bounded (oldest secrets are forgotten first)."""
+
+# Names whose value is a credential, compared lower-cased with '-' and ' ' read as '_'.
+_SENSITIVE_NAMES = frozenset(
+    {
+        "authorization", "proxy_authorization", "api_key", "apikey", "x_api_key", "api_token", "access_token",
+        "auth_token", "bearer_token", "refresh_token", "id_token", "session_token", "secret", "secret_key",
+        "client_secret", "password", "passwd", "private_key", "x_goog_api_key", "cookie", "set_cookie",
+        "x_amz_security_token", "aws_secret_access_key", "aws_session_token",
+    }
+)  # fmt: skip
+_SENSITIVE_SUFFIXES = ("_api_key", "_apikey", "_secret", "_secret_key", "_password", "_access_token", "_auth_token")
+
+_NAME = (
+    r"(?:(?:x[-_])?api[-_ ]?key|(?:proxy[-_])?authorization|x[-_]goog[-_]api[-_]key|(?:api|access|auth|bearer|refresh|"
+    r"session|id)[-_]token|client[-_]secret|secret[-_]key|password|passwd|private[-_]key|aws[-_]secret[-_]access[-_]key)"
+)
+# (literal triggers, lower-cased; pattern).  A rule runs only on text that holds one of its
+# triggers (``in`` on the lower-cased text is far faster than any regex alternation), and the
+# "not right after a letter or digit" boundary is checked on each match, not in the regex, so
+# every pattern starts with a literal and the regex engine can skip ahead.
+_RULES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("sk-lf-", "pk-lf-"), r"[sp]k-lf-[A-Za-z0-9-]{8,}"),  # Langfuse public / secret keys
+    (("sk-",), r"sk-(?:proj-|ant-|svcacct-|admin-)?[A-Za-z0-9_-]{16,}"),  # OpenAI, Anthropic, DeepSeek...
+    (("bearer",), r"(?P<prefix>[Bb]earer\s+)(?=[A-Za-z0-9._~+/=-]*[0-9._~+/=-])[A-Za-z0-9._~+/-]{8,}=*"),
+    (("basic",), r"(?P<prefix>Basic\s+)(?=[A-Za-z0-9+/]*[0-9+/])[A-Za-z0-9+/]{8,}={0,2}"),
+    (("akia", "asia", "abia", "acca"), r"(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Za-z0-9])"),  # AWS access key ids
+    (("aiza",), r"AIza[0-9A-Za-z_-]{35}"),  # Google API keys
+    (("ya29.",), r"ya29\.[0-9A-Za-z_-]{20,}"),  # Google OAuth access tokens
+    (("hf_",), r"hf_[A-Za-z0-9]{30,}"),  # Hugging Face
+    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"),
+    (("xox",), r"xox[abprs]-[A-Za-z0-9-]{10,}"),  # Slack
+    (("gsk_",), r"gsk_[A-Za-z0-9]{20,}"),  # Groq
+)
+_COMPILED_RULES = tuple((triggers, re.compile(pattern)) for triggers, pattern in _RULES)
+
+# key = value, "key": "value", 'key': 'value', key: value (headers), ?key=value (query strings).
+# Found on the lower-cased text by the name's last word and the separator (a short alternation
+# the regex engine scans fast), then the whole name is checked just before the separator.
+_NAMED_TRIGGERS = ("key", "authoriz", "token", "secret", "passw")
+_NAMED_VALUE = (
+    r"(?:key|authorization|token|secret|passw(?:or)?d)(?P<sep>\\*[\"']?\s*[:=]\s*\\*[\"']?)"
+    r"(?:(?:bearer|basic|token)\s+)?(?P<value>[^\s\"'\\,;}&)\]]{4,})"
+)
+_NAMED_LOWER = re.compile(_NAMED_VALUE)
+_NAMED_ANY_CASE = re.compile(_NAMED_VALUE, re.IGNORECASE)
+_NAME_AT_END = re.compile(rf"(?i:{_NAME})$")
+_ENV_NAME = re.compile(r"(?:^|_)(?:API_?KEY|KEY|TOKEN|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)$")
+_NOT_SECRETS = frozenset({"true", "false", "none", "null", "1", "0", "yes", "no"})
+
+_lock = threading.Lock()
+_secrets: dict[str, None] = {}  # insertion-ordered set
+_secrets_by_length: tuple[str, ...] = ()
+_patterns: list[re.Pattern[str]] = []
+_environment_scanned = False
+
+
+def is_sensitive_key(name: Any) -> bool:
+    """Whether a dict key, header or attribute name holds a credential (its value is redacted).
+
+    The last dotted segment is what counts, so ``http.request.header.authorization`` is
+    sensitive as well as ``Authorization``, ``x-api-key`` and ``openai_api_key``.
+    """
+    if not isinstance(name, str):
+        return False
+    key = name.rsplit(".", 1)[-1].strip().lower().replace("-", "_").replace(" ", "_")
+    return key in _SENSITIVE_NAMES or key.endswith(_SENSITIVE_SUFFIXES)
+
+
+def register_secret(*values: str | None) -> None:
+    """Redact these exact values wherever they appear (serve tokens, keys of unknown shape).
+
+    Values shorter than :data:`MIN_SECRET_LENGTH` characters or ``None`` are ignored.
+    """
+    global _secrets_by_length
+    fresh = [v for v in values if isinstance(v, str) and len(v.strip()) >= MIN_SECRET_LENGTH and v not in _secrets]
+    if not fresh:
+        return
+    with _lock:
+        for value in fresh:
+            _secrets[value] = None
+        while len(_secrets) > MAX_REGISTERED:
+            del _secrets[next(iter(_secrets))]
+        _secrets_by_length = tuple(sorted(_secrets, key=len, reverse=True))  # longest first: no partial leftovers
+
+
+def register_pattern(pattern: str | re.Pattern[str]) -> None:
+    """Redact every match of a regular expression too (e.g. an in-house token format)."""
+    compiled = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)  # a bad one fails here
+    with _lock:
+        if compiled not in _patterns and len(_patterns) < MAX_REGISTERED:
+            _patterns.append(compiled)
+
+
+def scan_environment(environ: Any = None) -> None:
+    """Register the values of environment variables named like secrets (``OPENAI_API_KEY``,
+    ``HF_TOKEN``, ``LANGFUSE_SECRET_KEY``, ``TRACERL_SERVE_TOKEN``...).  Runs once by itself on
+    first use; call again after setting such variables later in the process."""
+    global _environment_scanned
+    environ = os.environ if environ is None else environ
+    _environment_scanned = True
+    register_secret(
+        *(v for k, v in environ.items() if _ENV_NAME.search(k.upper()) and v.strip().lower() not in _NOT_SECRETS)
+    )
+
+
+def _replace(match: re.Match[str]) -> str:
+    start = match.start()
+    if start and match.string[start - 1].isalnum():  # inside a longer word ("desk-…"): not a key
+        return match.group(0)
+    return f"{match.groupdict().get('prefix') or ''}{REDACTED}"
+
+
+def _redact_named(text: str, lower: str) -> str:
+    """Values after sensitive names (``api_key=…``, ``"Authorization": "Bearer …"``)."""
+    aligned = len(lower) == len(text)  # lower() keeps indices for all but a few non-ASCII letters
+    source, pattern = (lower, _NAMED_LOWER) if aligned else (text, _NAMED_ANY_CASE)
+    pieces: list[str] = []
+    last = 0
+    for match in pattern.finditer(source):
+        name_end = match.start("sep")
+        window = source[max(0, name_end - 48) : name_end]
+        name = _NAME_AT_END.search(window)
+        if name is None:
+            continue
+        name_start = name_end - len(window) + name.start()
+        if name_start and source[name_start - 1].isalnum():
+            continue
+        start, end = match.span("value")
+        pieces += (text[last:start], REDACTED)
+        last = end
+    if not pieces:
+        return text
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every credential replaced by :data:`REDACTED` (the same object when clean)."""
+    if not text or not isinstance(text, str):
+        return text
+    if not _environment_scanned:
+        scan_environment()
+    for secret in _secrets_by_length:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    lower = text.lower()
+    if any(trigger in lower for trigger in _NAMED_TRIGGERS):
+        text = _redact_named(text, lower)
+        lower = text.lower()
+    for triggers, pattern in _COMPILED_RULES:
+        if any(trigger in lower for trigger in triggers):
+            text = pattern.sub(_replace, text)
+    for pattern in _patterns:
+        text = pattern.sub(REDACTED, text)
+    return text
+
+
+def redact(value: Any, _depth: int = 0) -> Any:
+    """A copy of ``value`` (dicts, lists, tuples, strings; other values as they are) with credentials
+    redacted: values under sensitive keys, and matches in every string.  Unchanged parts are shared,
+    and an unchanged value is returned as the same object."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if _depth > 64:
+        return value
+    if isinstance(value, dict):
+        out = {}
+        changed = False
+        for key, item in value.items():
+            new = REDACTED if is_sensitive_key(key) and item not in (None, "") else redact(item, _depth + 1)
+            changed = changed or new is not item
+            out[key] = new
+        return out if changed else value
+    if isinstance(value, (list, tuple)):
+        items = [redact(item, _depth + 1) for item in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
+class RedactingLogFilter(logging.Filter):
+    """Redacts a record's message, arguments and traceback text (attached to tracerl's loggers)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+            clean = redact_text(message)
+            if clean is not message or record.args:
+                record.msg, record.args = clean, None
+            if record.exc_info and not record.exc_text:
+                record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+            if record.stack_info:
+                record.stack_info = redact_text(record.stack_info)
+        except Exception:  # noqa: BLE001 - a log call must never fail because of redaction
+            pass
+        return True
+
+
+LOGGERS = (
+    "tracerl", "tracerl.integrations", "tracerl.serve", "tracerl.ruler", "tracerl.mcp_rl", "tracerl.inference._engine"
+)  # fmt: skip
+"""The loggers tracerl writes to (a logger filter sees only records logged on that logger)."""
+_filter = RedactingLogFilter()
+
+
+def install_log_filter(names: Iterable[str] = LOGGERS) -> None:
+    """Attach the redacting filter to tracerl's loggers and any other ``tracerl.*`` logger (idempotent)."""
+    existing = [n for n in logging.root.manager.loggerDict if n.startswith("tracerl")]
+    for name in {*names, *existing}:
+        logger = logging.getLogger(name)
+        if _filter not in logger.filters:
+            logger.addFilter(_filter)

@@ -1,0 +1,138 @@
+"""What leaves the process: spans redacted and with full chat inputs; trajectories redacted.
+
+:class:`OutboundSpanExporter` wraps the exporter of every destination tracerl exports to
+(``export_to_otlp`` / ``export_to_langfuse``; it works around any ``SpanExporter``).  On the
+export thread, for each span of a batch (tracerl's, OpenInference's, the MCP SDK's, anyone's):
+
+1. a chat span whose input capture stored as a delta (:mod:`.input_delta`) gets its full
+   ``gen_ai.input.messages`` back, so each generation shows its whole input;
+2. attributes, event attributes (``exception.message`` / ``exception.stacktrace`` included),
+   link attributes, the status description and the name pass through :func:`tracerl.redact.redact`.
+
+Expanded inputs are transient: a batch is handed on in slices of at most
+``max_batch_chars`` characters of expanded input, so memory stays bounded however long the
+rollouts are.  :func:`redact_trajectory` is the capture-side half, applied when a rollout ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import Link, Status
+
+from tracerl.redact import redact, redact_text
+from tracerl.types import Choice, History, Trajectory
+
+from . import semconv as sc
+from .health import record_error
+from .input_delta import InputExpander
+
+MAX_BATCH_CHARS = 8_000_000
+"""Characters of expanded chat input handed to the inner exporter at once (one slice of a batch)."""
+_DELTA_KEYS = (sc.INPUT_BASE_SPAN_ID, sc.INPUT_PREFIX_LENGTH)
+
+
+class OutboundSpanExporter(SpanExporter):
+    """``SpanExporter`` wrapper: full chat inputs, credentials redacted, bounded slices (see module doc)."""
+
+    def __init__(self, inner: SpanExporter, *, max_batch_chars: int = MAX_BATCH_CHARS) -> None:
+        self.inner = inner
+        self.max_batch_chars = max_batch_chars
+        self.expander = InputExpander(redact_text)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = SpanExportResult.SUCCESS
+        for part in self._slices(spans):
+            if self.inner.export(part) is not SpanExportResult.SUCCESS:
+                result = SpanExportResult.FAILURE
+        return result
+
+    def _slices(self, spans: Sequence[ReadableSpan]) -> Iterator[list[ReadableSpan]]:
+        part: list[ReadableSpan] = []
+        size = 0
+        for span in spans:
+            clean, chars = self._outbound(span)
+            if part and size + chars > self.max_batch_chars:
+                yield part
+                part, size = [], 0
+            part.append(clean)
+            size += chars
+        if part:
+            yield part
+
+    def _outbound(self, span: ReadableSpan) -> tuple[ReadableSpan, int]:
+        """The span as it may leave, and the characters of chat input it carries."""
+        attributes = dict(span.attributes or {})
+        full = None
+        if sc.INPUT_MESSAGES in attributes and span.instrumentation_scope and span.instrumentation_scope.name == sc.SCOPE:
+            try:
+                full = self.expander.full_input(span.context.trace_id, span.context.span_id, attributes)
+            except Exception as error:  # noqa: BLE001 - a malformed input must not stop the export
+                record_error("export_expand_input", error)
+        if full is not None:
+            for key in _DELTA_KEYS:
+                attributes.pop(key, None)
+            attributes[sc.INPUT_MESSAGES] = full  # already redacted, message by message
+        elif sc.INPUT_BASE_SPAN_ID in attributes:
+            record_error("export_input_base_missing")  # leaves as a delta, marked by its base attributes
+        return redact_span(span, attributes, skip=sc.INPUT_MESSAGES if full is not None else None), len(full or "")
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def redact_span(span: ReadableSpan, attributes: dict[str, Any] | None = None, *, skip: str | None = None) -> ReadableSpan:
+    """A copy of ``span`` whose attributes, events, links, status and name are redacted
+    (``attributes``: use these instead of the span's; ``skip``: one attribute already clean)."""
+    attributes = dict(span.attributes or {}) if attributes is None else attributes
+    kept = attributes.pop(skip, None) if skip else None
+    clean = _redact_attributes(attributes)
+    if skip and kept is not None:
+        clean[skip] = kept
+    events = [Event(e.name, _redact_attributes(e.attributes), e.timestamp) for e in span.events]
+    links = [Link(link.context, _redact_attributes(link.attributes)) for link in span.links]
+    status = span.status
+    if status.description:
+        status = Status(status.status_code, redact_text(status.description))
+    return ReadableSpan(
+        name=redact_text(span.name), context=span.context, parent=span.parent, resource=span.resource,
+        attributes=clean, events=events, links=links, kind=span.kind, status=status,
+        start_time=span.start_time, end_time=span.end_time, instrumentation_scope=span.instrumentation_scope,
+    )  # fmt: skip
+
+
+def _redact_attributes(attributes: Any) -> dict[str, Any]:
+    if not attributes:
+        return {}
+    out = redact(dict(attributes))
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in out.items()}  # OTel sequences stay tuples
+
+
+def redact_trajectory(trajectory: Trajectory) -> Trajectory:
+    """Redact a captured trajectory in place (messages, tools' arguments, metadata, logs); returns it.
+
+    Runs once when a rollout ends, so credentials that reached the agent's messages (a tool
+    result, an error echoed back) are never trained on, stored by ``model.log`` or sent to
+    ``tracerl serve``.  Token ids are kept as they are.
+    """
+    for history in (trajectory, *trajectory.additional_histories):
+        _redact_history(history)
+    trajectory.metadata = redact(trajectory.metadata)
+    trajectory.logs = [redact_text(line) for line in trajectory.logs]
+    return trajectory
+
+
+def _redact_history(history: History) -> None:
+    items = history.messages_and_choices
+    for index, item in enumerate(items):
+        if isinstance(item, Choice):
+            item.message = redact(item.message)
+        else:
+            items[index] = redact(item)
+    if history.tools:
+        history.tools = redact(history.tools)
