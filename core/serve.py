@@ -32,6 +32,7 @@ from . import __version__
 from .errors import CheckpointError, ConfigError
 from .model import DEFAULT_BASE_PATH, TrainableModel
 from .remote_backend import API, decode_groups
+from .untraced import untraced_fastapi
 
 if TYPE_CHECKING:  # pragma: no cover
     from .backend import Backend
@@ -151,7 +152,7 @@ def create_app(backend: "Backend", *, token: str | None = None, base_path: Any =
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             raise ServeError(401, "Unauthorized", "missing or wrong bearer token for tracerl serve")
 
-    app = FastAPI(title="tracerl serve", version=__version__, lifespan=lifespan)
+    app = untraced_fastapi(title="tracerl serve", version=__version__, lifespan=lifespan)
     app.state.tracerl = state
     public = APIRouter(route_class=_JSONErrorRoute)
     router = APIRouter(route_class=_JSONErrorRoute, dependencies=[Depends(authorize)])

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ._http import OpenAIError, install_error_handlers
 from .protocol import stream_events
 from .tool_calls import parse_tool_calls
+from ..untraced import untraced_fastapi
 
 if TYPE_CHECKING:  # pragma: no cover
     from .vllm_server import VLLMServer
@@ -66,7 +67,7 @@ def finish_chat_body(result: dict[str, Any], parse_tools: bool) -> dict[str, Any
 def build_proxy(server: "VLLMServer") -> Any:
     import httpx
 
-    app = FastAPI(title="tracerl vLLM proxy")
+    app = untraced_fastapi(title="tracerl vLLM proxy")
     install_error_handlers(app)
     clients: dict[str, httpx.AsyncClient] = {}
 

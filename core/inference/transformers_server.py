@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..errors import ConfigError, InferenceServerError
 from ._http import BackgroundUvicorn, OpenAIError, install_error_handlers
 from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request, stream_events
 from .tool_calls import parse_tool_calls
+from ..untraced import untraced_fastapi
 
 BASE_ALIASES = ("base",)
 
@@ -225,7 +226,7 @@ class TransformersServer:
 
 def build_app(server: TransformersServer) -> Any:
     """The FastAPI app of ``server`` (OpenAI routes + vLLM's adapter routes)."""
-    app = FastAPI(title="tracerl transformers server")
+    app = untraced_fastapi(title="tracerl transformers server")
     install_error_handlers(app)
 
     async def json_body(request: Request) -> Any:
