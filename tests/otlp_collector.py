@@ -70,6 +70,8 @@ class OTLPCollector(LoopbackApp):
         self.scores: list[dict[str, Any]] = []
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.rejected: list[str] = []
+        self.bodies: list[bytes] = []
+        """Every accepted request body as received, decompressed (spans and scores alike)."""
 
     @property
     def url(self) -> str:
@@ -133,6 +135,7 @@ class OTLPCollector(LoopbackApp):
         body = await request.body()
         if headers.get("content-encoding") == "gzip":
             body = gzip.decompress(body)
+        self.bodies.append(body)
         if headers.get("content-type") != "application/x-protobuf":
             return JSONResponse({"message": "only OTLP/HTTP protobuf"}, status_code=415)
         message = ExportTraceServiceRequest()
@@ -161,6 +164,7 @@ class OTLPCollector(LoopbackApp):
     async def _score(self, request: Request) -> Response:
         if not self._authorized(request):
             return JSONResponse({"message": "Invalid credentials"}, status_code=401)
+        self.bodies.append(await request.body())
         body = await request.json()
         problem = score_problem(body)
         if problem:
