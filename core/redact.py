@@ -135,6 +135,8 @@ def register_secret(*values: str | None) -> None:
 def register_pattern(pattern: str | re.Pattern[str]) -> None:
     """Redact every match of a regular expression too (e.g. an in-house token format)."""
     compiled = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)  # a bad one fails here
+    if compiled.groupindex:
+        raise ValueError(f"register_pattern({compiled.pattern!r}): use unnamed groups, (?:...) or (...)")
     with _lock:
         if compiled not in _patterns and len(_patterns) < MAX_REGISTERED:
             _patterns.append(compiled)
@@ -198,7 +200,8 @@ def redact_text(text: str) -> str:
         lower = text.lower()
     for triggers, pattern in _COMPILED_RULES:
         if any(trigger in lower for trigger in triggers):
-            text = pattern.sub(_replace, text)
+            clean = pattern.sub(_replace, text)
+            text = text if clean == text else clean  # unchanged text stays the same object
     for pattern in _patterns:
         text = pattern.sub(REDACTED, text)
     return text

@@ -29,6 +29,7 @@ from .errors import (
     TrajectoryError,
 )
 from .model import Model, TrainableModel
+from .redact import register_secret
 from .types import TrainResult, TrajectoryGroup
 
 API = "/tracerl/v1"
@@ -91,6 +92,7 @@ class RemoteBackend:
             raise ConfigError(f"RemoteBackend url must start with http:// or https://, got {url!r}")
         self.url = url.removesuffix("/v1")
         self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        register_secret(self.token)  # it travels as the rollouts' api_key: redacted wherever it is recorded
         self.timeout = timeout
         self.train_timeout = train_timeout
         self._client: httpx.AsyncClient | None = None

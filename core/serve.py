@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field, ValidationError
 from . import __version__
 from .errors import CheckpointError, ConfigError
 from .model import DEFAULT_BASE_PATH, TrainableModel
+from .redact import register_secret
 from .remote_backend import API, decode_groups
 from .untraced import untraced_fastapi
 
@@ -139,6 +140,7 @@ def create_app(backend: "Backend", *, token: str | None = None, base_path: Any =
     ``token``: when set, every route but ``/tracerl/v1/health`` needs ``Authorization: Bearer <token>``.
     """
     state = _State(backend, base_path or getattr(backend, "path", None) or DEFAULT_BASE_PATH)
+    register_secret(token)  # never in this process's logs, spans or files (tracerl.redact)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
