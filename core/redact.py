@@ -24,6 +24,7 @@ This module imports only the standard library.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -93,6 +94,10 @@ _NAMED_VALUE = (
 _NAMED_LOWER = re.compile(_NAMED_VALUE)
 _NAMED_ANY_CASE = re.compile(_NAMED_VALUE, re.IGNORECASE)
 _NAME_AT_END = re.compile(rf"(?i:{_NAME})$")
+_ANY_TRIGGER = re.compile(
+    "|".join(re.escape(t) for t in sorted({*_NAMED_TRIGGERS, *(t for ts, _ in _RULES for t in ts)}, key=len, reverse=True))
+)
+"""One scan of the lower-cased text for any rule's trigger (case-sensitive on lower text is fast)."""
 _ENV_NAME = re.compile(r"(?:^|_)(?:API_?KEY|KEY|TOKEN|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)$")
 _NOT_SECRETS = frozenset({"true", "false", "none", "null", "1", "0", "yes", "no"})
 
@@ -103,16 +108,19 @@ _patterns: list[re.Pattern[str]] = []
 _environment_scanned = False
 
 
+@functools.lru_cache(maxsize=4096)
+def _sensitive_name(name: str) -> bool:
+    key = name.rsplit(".", 1)[-1].strip().lower().replace("-", "_").replace(" ", "_")
+    return key in _SENSITIVE_NAMES or key.endswith(_SENSITIVE_SUFFIXES)
+
+
 def is_sensitive_key(name: Any) -> bool:
     """Whether a dict key, header or attribute name holds a credential (its value is redacted).
 
     The last dotted segment is what counts, so ``http.request.header.authorization`` is
     sensitive as well as ``Authorization``, ``x-api-key`` and ``openai_api_key``.
     """
-    if not isinstance(name, str):
-        return False
-    key = name.rsplit(".", 1)[-1].strip().lower().replace("-", "_").replace(" ", "_")
-    return key in _SENSITIVE_NAMES or key.endswith(_SENSITIVE_SUFFIXES)
+    return isinstance(name, str) and _sensitive_name(name)
 
 
 def register_secret(*values: str | None) -> None:
@@ -187,14 +195,22 @@ def _redact_named(text: str, lower: str) -> str:
 
 def redact_text(text: str) -> str:
     """``text`` with every credential replaced by :data:`REDACTED` (the same object when clean)."""
-    if not text or not isinstance(text, str):
-        return text
+    if not isinstance(text, str) or (len(text) < MIN_SECRET_LENGTH and not _patterns):
+        return text  # nothing that short is a key (ids, roles, numbers: most strings of a trajectory)
     if not _environment_scanned:
         scan_environment()
     for secret in _secrets_by_length:
         if secret in text:
             text = text.replace(secret, REDACTED)
     lower = text.lower()
+    if _ANY_TRIGGER.search(lower) is not None:
+        text = _redact_rules(text, lower)
+    for pattern in _patterns:
+        text = pattern.sub(REDACTED, text)
+    return text
+
+
+def _redact_rules(text: str, lower: str) -> str:
     if any(trigger in lower for trigger in _NAMED_TRIGGERS):
         text = _redact_named(text, lower)
         lower = text.lower()
@@ -202,8 +218,6 @@ def redact_text(text: str) -> str:
         if any(trigger in lower for trigger in triggers):
             clean = pattern.sub(_replace, text)
             text = text if clean == text else clean  # unchanged text stays the same object
-    for pattern in _patterns:
-        text = pattern.sub(REDACTED, text)
     return text
 
 
