@@ -36,6 +36,17 @@ def served_fake():
         ti.unregister_endpoint(srv.base_url)
 
 
+@pytest.fixture(scope="module")
+def unserved_fake():
+    """A loopback OpenAI-compatible server *not* marked tracerl-served (no token ids asked), OpenAI hook on."""
+    import tracerl.integrations as ti
+    from capture_fake_server import FakeOpenAIServer
+
+    ti.instrument("openai")
+    with FakeOpenAIServer() as srv:
+        yield srv
+
+
 @pytest.fixture()
 def served_client(served_fake):
     """An ``AsyncOpenAI`` client of :func:`served_fake`."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from capture_fake_server import FakeOpenAIServer
 from openai import AsyncOpenAI
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -21,10 +20,8 @@ from tracerl.integrations import deferred, semconv
 
 
 @pytest.fixture(scope="module")
-def server():
-    ti.instrument("openai")
-    with FakeOpenAIServer() as srv:
-        yield srv
+def server(unserved_fake):
+    return unserved_fake
 
 
 @pytest.fixture()

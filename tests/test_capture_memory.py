@@ -15,7 +15,6 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from capture_fake_server import FakeOpenAIServer
 from capture_helpers import openai_tool_agent
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExportResult
@@ -43,10 +42,8 @@ class Collect(SpanProcessor):
 
 
 @pytest.fixture(scope="module")
-def server():
-    ti.instrument("openai")
-    with FakeOpenAIServer() as srv:
-        yield srv
+def server(unserved_fake):
+    return unserved_fake  # no token ids asked: what is measured is the chat spans' inputs
 
 
 @pytest.fixture()

@@ -10,7 +10,8 @@ door at once:
   OpenAI, LiteLLM and LangChain instrumentors running beside tracerl's hooks;
 - a user message and the tool arguments and results that carry it;
 - a real MCP server's tool results (a result that is the key, an error that echoes it);
-- a real loopback HTTP server whose 401 and 500 answers echo the request's headers and body;
+- a real loopback HTTP server whose 401 and 500 answers echo the request's headers and body (a 401
+  is handled by the agent; a 500 fails its rollout with ``InferenceServerError``);
 - an exception raised in a rollout (it becomes an exception event and an ``ExceptionRecord``);
 - tracerl's own log records (written to a file).
 
@@ -167,23 +168,28 @@ async def doors(keys: Planted, world: dict[str, Any]) -> None:
     )  # fmt: skip
     chat = ChatOpenAI(model="m", base_url=model, api_key=keys.langchain_key, default_headers={"x-api-key": keys.langchain_header}, max_retries=0)
     await chat.ainvoke("langchain")
-    for status in (401, 500):
-        failing = AsyncOpenAI(
-            base_url=echo.base_url(status), api_key=keys.error_key, default_headers={"x-api-key": keys.error_header}, max_retries=0
-        )
-        with pytest.raises(Exception, match=keys.error_key):
-            await failing.chat.completions.create(model="m", messages=[{"role": "user", "content": "fail"}])
-        with pytest.raises(Exception, match=keys.error_key):
-            await litellm.acompletion(
-                model="hosted_vllm/m", base_url=echo.base_url(status), api_key=keys.error_key, messages=[{"role": "user", "content": "x"}],
-                extra_headers={"x-api-key": keys.error_header}, num_retries=0,
-            )  # fmt: skip
+    await echoed_errors(keys, echo.base_url(401))  # the caller's mistake: the agent handles it, the rollout goes on
     async with streamable_http(world["mcp"].url) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         result = await session.call_tool("reverse", {"text": keys.mcp_key[::-1]})
         assert keys.mcp_key in result.content[0].text
         failed = await session.call_tool("fail", {"reason": f"password={keys.mcp_secret}"})
         assert keys.mcp_secret in failed.content[0].text
+
+
+async def echoed_errors(keys: Planted, base_url: str) -> None:
+    """Calls whose error answer echoes the key (OpenAI SDK and LiteLLM), handled by the agent."""
+    import litellm
+    from openai import AsyncOpenAI
+
+    failing = AsyncOpenAI(base_url=base_url, api_key=keys.error_key, default_headers={"x-api-key": keys.error_header}, max_retries=0)
+    with pytest.raises(Exception, match=keys.error_key):
+        await failing.chat.completions.create(model="m", messages=[{"role": "user", "content": "fail"}])
+    with pytest.raises(Exception, match=keys.error_key):
+        await litellm.acompletion(
+            model="hosted_vllm/m", base_url=base_url, api_key=keys.error_key, messages=[{"role": "user", "content": "x"}],
+            extra_headers={"x-api-key": keys.error_header}, num_retries=0,
+        )  # fmt: skip
 
 
 async def failing_rollout(keys: Planted) -> None:
@@ -198,7 +204,9 @@ async def run_example(keys: Planted, world: dict[str, Any], directory: Path) -> 
     handler = logging.FileHandler(log_file)
     logging.getLogger("tracerl").addHandler(handler)
     try:
-        group = await ti.trajectory_group([doors(keys, world), failing_rollout(keys)], task="secrets")
+        # a 5xx is the inference server's failure: that rollout becomes an exception (InferenceServerError)
+        attempts = [doors(keys, world), echoed_errors(keys, world["echo"].base_url(500)), failing_rollout(keys)]
+        group = await ti.trajectory_group(attempts, task="secrets")
         logging.getLogger("tracerl.integrations").warning(
             "probe: an upstream answered for key %s", keys.log_key, exc_info=ValueError(f"key {keys.log_key}")
         )
@@ -216,9 +224,10 @@ async def run_example(keys: Planted, world: dict[str, Any], directory: Path) -> 
 
 def _check_the_doors_were_used(keys: Planted, group: tracerl.TrajectoryGroup, collector: OTLPCollector) -> None:
     """Positive controls: the keys really went through each door, and what left still says so."""
+    assert len(group.trajectories) == 1, [(e.type, e.message[:300]) for e in group.exceptions]
     (trajectory,) = group.trajectories
-    (record,) = group.exceptions
-    assert REDACTED in record.message and REDACTED in record.traceback
+    assert sorted(e.type for e in group.exceptions) == ["InferenceServerError", "RuntimeError"]
+    assert all(REDACTED in e.message and REDACTED in e.traceback for e in group.exceptions)
     text = str(trajectory.model_dump())
     assert text.count(REDACTED) >= 4  # user key, its tool argument and result, MCP results
     spans = [s for s in collector.spans if s.trace_id == trajectory.trace_id]
