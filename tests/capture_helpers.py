@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import tracerl
+if TYPE_CHECKING:  # imported lazily: openinference_agent.py uses these helpers without tracerl
+    import tracerl
 
 LOOKUP_TOOL = {
     "type": "function",
@@ -18,11 +19,15 @@ LOOKUP_TOOL = {
 
 
 def sampled(trajectory: tracerl.Trajectory) -> list[tracerl.Choice]:
-    return [item for item in trajectory.messages_and_choices if isinstance(item, tracerl.Choice)]
+    from tracerl import Choice
+
+    return [item for item in trajectory.messages_and_choices if isinstance(item, Choice)]
 
 
 def roles(items: list[Any]) -> list[str]:
-    return [item.message["role"] if isinstance(item, tracerl.Choice) else item["role"] for item in items]
+    from tracerl import Choice
+
+    return [item.message["role"] if isinstance(item, Choice) else item["role"] for item in items]
 
 
 def assert_tokens_match_server(trajectory: tracerl.Trajectory, responses: list[dict[str, Any]]) -> None:
