@@ -2,10 +2,9 @@
 
 Spans arrive as at Langfuse (``POST /api/public/otel/v1/traces``, protobuf, Basic auth;
 from the Langfuse SDK itself or from tracerl's exporter) and are mapped the way
-Langfuse's ingestion maps them (``packages/shared/src/server/otel/``:
-``ObservationTypeMapper`` for the type, ``extractInputAndOutput`` / ``extractName`` /
-``extractMetadata`` / ``extractModelName`` / usage, trace-level fields from every span),
-then served with Langfuse's field names and pagination:
+Langfuse's ingestion maps them (``langfuse_mapping``, the port of its OTel ingestion;
+observation metadata from ``langfuse.observation.metadata.*`` as ``extractMetadata``
+reads it), then served with Langfuse's field names and pagination:
 
 * ``GET /api/public/traces`` (``page``, ``limit``, ``sessionId``, ``name``, ``userId``,
   ``tags`` (all of them), ``fromTimestamp``; ``meta.page/limit/totalItems/totalPages``),
@@ -27,14 +26,12 @@ import datetime as dt
 import json
 from typing import Any
 
+from langfuse_mapping import observation
 from otlp_collector import CollectedSpan, OTLPCollector
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-_GENERATION_OPERATIONS = {"chat": "GENERATION", "text_completion": "GENERATION", "generate_content": "GENERATION",
-                          "invoke_agent": "AGENT", "execute_tool": "TOOL"}  # fmt: skip
-_OPENINFERENCE_KINDS = {"CHAIN": "CHAIN", "RETRIEVER": "RETRIEVER", "LLM": "GENERATION", "AGENT": "AGENT", "TOOL": "TOOL"}
 
 
 class LangfuseAPIServer(OTLPCollector):
@@ -133,95 +130,52 @@ def _page(items: list[dict[str, Any]], q: Any) -> dict[str, Any]:
     return {"data": chunk, "meta": {"page": page, "limit": limit, "totalItems": len(items), "totalPages": total_pages}}
 
 
-# -- Langfuse's ingestion mapping (the parts a trace import reads) ---------------------------------------
-def observation_type(a: dict[str, Any]) -> str:
-    """``ObservationTypeMapper``: langfuse.observation.type, OpenInference kind, GenAI operation, tool, model."""
-    if a.get("langfuse.observation.type"):
-        return str(a["langfuse.observation.type"]).upper()
-    if a.get("openinference.span.kind") in _OPENINFERENCE_KINDS:
-        return _OPENINFERENCE_KINDS[a["openinference.span.kind"]]
-    if a.get("gen_ai.operation.name") in _GENERATION_OPERATIONS:
-        return _GENERATION_OPERATIONS[a["gen_ai.operation.name"]]
-    if a.get("gen_ai.tool.name") or a.get("gen_ai.tool.call.id"):
-        return "TOOL"
-    if any(a.get(k) for k in ("langfuse.observation.model.name", "gen_ai.request.model", "gen_ai.response.model", "llm.model_name")):
-        return "GENERATION"
-    return "SPAN"
-
-
-def input_output(a: dict[str, Any]) -> tuple[Any, Any]:
-    """``extractInputAndOutput``, in its order, for the attributes these tests produce."""
-    for input_key, output_key in (
-        ("langfuse.observation.input", "langfuse.observation.output"),
-        ("input.value", "output.value"),
-        ("gen_ai.input.messages", "gen_ai.output.messages"),
-        ("gen_ai.tool.call.arguments", "gen_ai.tool.call.result"),
-    ):
-        if a.get(input_key) or a.get(output_key):
-            return a.get(input_key), a.get(output_key)
-    return None, None
-
-
+# -- observations and traces as the public API returns them --------------------------------------------
 def observation_object(span: CollectedSpan, *, raw_io: bool) -> dict[str, Any]:
+    """One observation (Langfuse's mapping: ``langfuse_mapping``) with the API's field names."""
+    o = observation(span)
     a = span.attributes
-    raw_input, raw_output = input_output(a)
-    usage = _usage(a)
-    metadata = {k.removeprefix("langfuse.observation.metadata."): v for k, v in a.items()
-                if k.startswith("langfuse.observation.metadata.")}  # fmt: skip
+    prefix = "langfuse.observation.metadata."
     return {
-        "id": span.span_id,
-        "traceId": span.trace_id,
-        "type": observation_type(a),
-        "name": a.get("gen_ai.tool.name") or span.name,
+        "id": o.id,
+        "traceId": o.trace_id,
+        "type": o.type.upper(),
+        "name": o.name,
         "startTime": _iso(span.start_time),
         "endTime": _iso(span.end_time),
-        "parentObservationId": span.parent_span_id,
+        "parentObservationId": o.parent_id,
         "level": a.get("langfuse.observation.level") or ("ERROR" if span.status_code == 2 else "DEFAULT"),
-        "model": next((a[k] for k in ("langfuse.observation.model.name", "gen_ai.response.model", "gen_ai.request.model",
-                                      "llm.model_name") if a.get(k)), None),  # fmt: skip
-        "input": raw_input if raw_io else _json_value(raw_input),
-        "output": raw_output if raw_io else _json_value(raw_output),
-        "metadata": metadata,
-        "usageDetails": usage,
-        "environment": a.get("langfuse.environment", "default"),
+        "model": o.model,
+        "input": o.input if raw_io else _json_value(o.input),
+        "output": o.output if raw_io else _json_value(o.output),
+        "metadata": {k[len(prefix) :]: v for k, v in a.items() if k.startswith(prefix)},
+        "usageDetails": {k: int(v) for k, v in o.usage.items()},
+        "environment": o.environment,
     }
 
 
 def trace_object(trace_id: str, spans: list[CollectedSpan]) -> dict[str, Any]:
-    root = min((s for s in spans if s.parent_span_id is None), key=lambda s: s.start_time, default=spans[0])
+    """A trace: its fields from the observations (every span carries them), input from the root."""
+    ordered = sorted(spans, key=lambda s: s.start_time)
+    root = next((s for s in ordered if s.parent_span_id is None), ordered[0])
+    observations = [observation(s) for s in ordered]
 
-    def first(*keys: str) -> Any:
-        for span in sorted(spans, key=lambda s: s.start_time):
-            for key in keys:
-                if span.attributes.get(key) not in (None, ""):
-                    return span.attributes[key]
-        return None
+    def first(field: str) -> Any:
+        return next((getattr(o, field) for o in observations if getattr(o, field) not in (None, "", [])), None)
 
-    tags = first("langfuse.trace.tags")
+    top = observation(root)
     return {
         "id": trace_id,
         "timestamp": _iso(root.start_time),
-        "name": first("langfuse.trace.name") or root.name,
-        "sessionId": first("session.id", "langfuse.session.id"),
-        "userId": first("user.id", "langfuse.user.id"),
-        "tags": list(tags) if isinstance(tags, (list, tuple)) else json.loads(tags) if isinstance(tags, str) else [],
-        "input": _json_value(first("langfuse.trace.input") or root.attributes.get("langfuse.observation.input")),
-        "output": _json_value(first("langfuse.trace.output") or root.attributes.get("langfuse.observation.output")),
-        "metadata": {},
-        "observations": [s.span_id for s in spans],
+        "name": first("trace_name") or root.name,
+        "sessionId": first("session_id"),
+        "userId": first("user_id"),
+        "tags": first("tags") or [],
+        "input": _json_value(top.trace_input),
+        "output": _json_value(top.trace_output),
+        "metadata": first("trace_metadata") or {},
+        "observations": [s.span_id for s in ordered],
     }
-
-
-def _usage(a: dict[str, Any]) -> dict[str, int]:
-    if a.get("langfuse.observation.usage_details"):
-        return json.loads(a["langfuse.observation.usage_details"])
-    usage = {}
-    for name, keys in (("input", ("gen_ai.usage.input_tokens", "llm.token_count.prompt")),
-                       ("output", ("gen_ai.usage.output_tokens", "llm.token_count.completion"))):  # fmt: skip
-        value = next((a[k] for k in keys if a.get(k) is not None), None)
-        if value is not None:
-            usage[name] = int(value)
-    return usage
 
 
 def _json_value(value: Any) -> Any:

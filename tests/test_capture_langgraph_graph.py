@@ -347,3 +347,35 @@ async def test_an_interrupt_is_control_flow_not_an_error(server, collector):
     collector.wait_for(lambda: any(s.parent_span_id is None for s in collector.trace(trace_id)))
     spans = {s.name: s for s in collector.trace(trace_id)}
     assert spans["ask"].status_code == 0 and "error.type" not in spans["ask"].attributes
+
+
+async def test_in_langfuse_the_nodes_appear_nested_and_each_request_is_one_generation(server):
+    """Through export_to_langfuse and Langfuse's ingestion mapping (``langfuse_mapping``)."""
+    with OTLPCollector("pk-lf-graph", "sk-lf-graph") as lf:
+        exporter = ti.export_to_langfuse(lf.url, "pk-lf-graph", "sk-lf-graph")
+        try:
+            async with ti.rollout(task="add them") as r:
+                await react_graph(server).ainvoke({"messages": [("user", "add them")]})
+            exporter.force_flush()
+        finally:
+            exporter.shutdown()
+        trace_id = r.trajectory.trace_id
+        lf.wait_for(lambda: any(s.parent_span_id is None for s in lf.trace(trace_id)))
+        observations = {o.id: o for o in lf.observations(trace_id)}
+    requests = len([s for s in server.responses if s["id"] in {c.response_id for c in r.trajectory.sampled_turns()}])
+
+    def path(o: Any) -> list[tuple[str, str]]:
+        out = []
+        while o.parent_id in observations:
+            o = observations[o.parent_id]
+            out.append((o.name, o.type))
+        return out[::-1]
+
+    generations = [o for o in observations.values() if o.type == "generation"]
+    assert len(generations) == requests == 2
+    for generation in generations:  # rollout > LangGraph > agent > RunnableSequence > (LangChain's call) > the call
+        assert path(generation)[:4] == [("rollout", "agent"), ("LangGraph", "chain"), ("agent", "agent"),
+                                        ("RunnableSequence", "chain")]  # fmt: skip
+    [tool] = [o for o in observations.values() if o.type == "tool"]
+    assert tool.name == "add" and path(tool)[-1] == ("tools", "chain")
+    assert {o.session_id for o in observations.values()} == {observations[tool.parent_id].session_id}
