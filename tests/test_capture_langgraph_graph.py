@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from capture_fake_server import FakeOpenAIServer, Reply
+from capture_helpers import parallel_branches_graph
 from otlp_collector import OTLPCollector
 
 import tracerl.integrations as ti
@@ -104,22 +105,7 @@ class BranchState(TypedDict, total=False):
 
 
 def parallel_graph(server) -> Any:
-    llm = llm_of(server)
-
-    async def branch_a(state: BranchState) -> BranchState:
-        return {"a": (await llm.ainvoke(f"branch A {state['topic']}")).content}
-
-    async def branch_b(state: BranchState) -> BranchState:
-        return {"b": (await llm.ainvoke(f"branch B {state['topic']}")).content}
-
-    graph = StateGraph(BranchState)
-    graph.add_node("branch_a", branch_a)
-    graph.add_node("branch_b", branch_b)
-    graph.add_edge(START, "branch_a")
-    graph.add_edge(START, "branch_b")
-    graph.add_edge("branch_a", END)
-    graph.add_edge("branch_b", END)
-    return graph.compile()
+    return parallel_branches_graph(llm_of(server))
 
 
 class OuterState(TypedDict, total=False):
