@@ -62,6 +62,12 @@ class ImportSummary:
     duplicate_traces: int = 0
     stitched_traces: int = 0
 
+    def __str__(self) -> str:
+        return (
+            f"{self.traces} traces, {self.spans} spans; {self.traces_without_model_calls} without model calls, "
+            f"{self.duplicate_traces} repeating another trace, {self.stitched_traces} joined to a conversation"
+        )
+
 
 @dataclass
 class _Trace:
