@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tracerl-installed
 
 VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
+PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
 
-.PHONY: install install-vllm demo test clean
+.PHONY: install install-vllm install-phoenix demo test clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,10 +26,17 @@ install: $(STAMP)
 install-vllm: $(STAMP)
 	-test -e $(VLLM_STAMP) || $(BIN)/python -m tracerl.inference.vllm_server install
 
+# Arize Phoenix, a real trace server the tests export to (~600 MB, ~1 min): for `make test`, not `make install`.
+$(PHOENIX_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[phoenix]'
+	touch $(PHOENIX_STAMP)
+
+install-phoenix: $(PHOENIX_STAMP)
+
 demo: install-vllm
 	$(BIN)/python examples/demo.py
 
-test: install-vllm
+test: install-vllm install-phoenix
 	$(BIN)/python -m pytest -q tests
 
 clean:

@@ -162,5 +162,72 @@ def mcp_rl(
     typer.echo(f"{project}/{name}: at step {result.final_step}; scenarios in {result.scenarios_path}")
 
 
+import_app = typer.Typer(
+    help="Turn traces you already have into Trajectory JSONL (for RULER, SFT, or a look).", no_args_is_help=True
+)
+app.add_typer(import_app, name="import")
+_GROUP_BY_HELP = "Group rows (a \"group\" key per row) by session or task; none: one trajectory per row."
+
+
+def _write_imported(trajectories: list, out: Path, group_by: str, summary: object) -> None:
+    from tracerl.integrations.importers import group_trajectories, write_jsonl
+
+    items = trajectories if group_by == "none" else group_trajectories(trajectories, by=group_by)  # type: ignore[arg-type]
+    count = write_jsonl(out, items)
+    typer.echo(f"{count} trajectories -> {out} ({summary})", err=True)
+
+
+def _import_failed(error: Exception) -> typer.Exit:
+    typer.echo(f"tracerl import: {error}", err=True)
+    return typer.Exit(code=1)
+
+
+@import_app.command("otlp")
+def import_otlp_files(
+    files: list[Path] = typer.Argument(..., help="OTLP JSON-lines or protobuf files (the Collector's file exporter)."),
+    out: Path = typer.Option(Path("trajectories.jsonl"), help="Trajectory JSONL to write."),
+    group_by: str = typer.Option("none", help=_GROUP_BY_HELP),
+) -> None:
+    """Trajectories from OTLP trace files (GenAI semconv, OpenInference and tracerl spans)."""
+    from tracerl.errors import TracerlError
+    from tracerl.integrations.importers import ImportSummary, import_otlp
+
+    summary = ImportSummary()
+    try:
+        trajectories = import_otlp(files, summary=summary)
+        _write_imported(trajectories, out, group_by, summary)
+    except (TracerlError, OSError) as error:
+        raise _import_failed(error) from error
+
+
+@import_app.command("langfuse")
+def import_langfuse_traces(
+    host: Optional[str] = typer.Option(None, help="Langfuse URL (default: LANGFUSE_BASE_URL or LANGFUSE_HOST, else Langfuse Cloud)."),
+    session: Optional[str] = typer.Option(None, help="Only traces of this session."),
+    tag: list[str] = typer.Option([], help="Only traces with this tag (repeatable: all of them)."),
+    name: Optional[str] = typer.Option(None, help="Only traces with this name."),
+    since: Optional[str] = typer.Option(None, help="Only traces since: ISO 8601 time or an age (30m, 6h, 7d)."),
+    trace_id: list[str] = typer.Option([], help="These traces only (repeatable; the filters are then ignored)."),
+    limit: Optional[int] = typer.Option(None, help="At most this many traces."),
+    out: Path = typer.Option(Path("trajectories.jsonl"), help="Trajectory JSONL to write."),
+    group_by: str = typer.Option("none", help=_GROUP_BY_HELP),
+    timeout: float = typer.Option(30.0, help="Seconds per API request."),
+    max_retries: int = typer.Option(6, help="Retries of a rate-limited (429) or failed request."),
+) -> None:
+    """Trajectories from Langfuse traces (keys: LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY)."""
+    from tracerl.errors import TracerlError
+    from tracerl.integrations.importers import ImportSummary, import_langfuse
+
+    summary = ImportSummary()
+    try:
+        trajectories = import_langfuse(
+            host, session=session, tags=tag, name=name, since=since, trace_ids=trace_id, limit=limit,
+            summary=summary, timeout_s=timeout, max_retries=max_retries,
+        )  # fmt: skip
+        _write_imported(trajectories, out, group_by, summary)
+    except (TracerlError, OSError) as error:
+        raise _import_failed(error) from error
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

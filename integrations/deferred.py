@@ -88,7 +88,9 @@ class DeferredSpan(trace.Span):
             trace_flags=parent_context.trace_flags,
             trace_state=parent_context.trace_state,
         )
-        self._parent = parent
+        # the parent is the span current *now*: a current-span object may point elsewhere
+        # by materialisation time (a LangChain run's scope points at its parent once it ends)
+        self._parent = trace.set_span_in_context(trace.NonRecordingSpan(parent_context), parent)
         self._start = start
         self._start_ns = time.time_ns()
         self._end_ns: int | None = None

@@ -3,12 +3,15 @@
 (The handler class is built inside a function so importing this module does not import
 LangChain; that is why ``_make_handler_class`` is longer than our usual function.)
 
-It records chat-model calls (``chat {model}`` spans, layer ``langchain``) and tool runs
-(``execute_tool {name}`` spans with call id, arguments, result or error).  Chat models
-that talk to OpenAI-compatible servers are also seen by the OpenAI hook, which holds
-the token ids; the converter keeps one of the two (joined by response id).  The handler
-runs inline, in the caller's context, so its spans land in the current rollout even
-inside LangGraph's thread pools (which copy the context).
+Every run becomes a span nested as Langfuse's own LangChain integration nests it
+(:mod:`.langchain_runs`: the graph, its nodes, subgraphs, chains, retrievers, agents),
+and two kinds carry what trajectories are built from: chat-model calls (``chat {model}``
+spans, layer ``langchain``) and tool runs (``execute_tool {name}`` spans with call id,
+arguments, result or error).  Chat models that talk to OpenAI-compatible servers are
+also seen by the OpenAI hook, which holds the token ids; its span nests under ours and
+the converter keeps one of the two (joined by response id).  The handler runs inline,
+in the caller's context, so its spans land in the current rollout even inside
+LangGraph's thread pools (which copy the context).
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ from uuid import UUID
 from opentelemetry import trace
 
 from . import faults, layers
+from . import langchain_runs as runs
 from . import semconv as sc
-from .health import guard, record_error
+from .health import guard
 from .messages import to_semconv
 from .processor import get_tracer
 from .spans import _dumps, end_chat_span, end_with_error, start_chat_span
 
 _handler_var: ContextVar[Any] = ContextVar("tracerl_langchain_handler", default=None)
-_MAX_OPEN_RUNS = 10_000  # runs that never end (cancelled) must not grow memory without bound
 _state: dict[str, Any] = {}
 
 
@@ -41,26 +44,72 @@ def _openai_messages(messages: Any) -> list[dict[str, Any]]:
 def _make_handler_class() -> type:
     from langchain_core.callbacks import BaseCallbackHandler
 
+    control_flow = runs.control_flow_errors()
+
     class TracerlCallbackHandler(BaseCallbackHandler):
-        """Records LangChain chat-model and tool runs as GenAI spans."""
+        """Records LangChain runs as nested spans; chat models and tools as GenAI spans."""
 
         run_inline = True
         raise_error = False
 
         def __init__(self) -> None:
-            self._spans: dict[UUID, Any] = {}
+            self._runs = runs.RunSpans()
 
-        def _open(self, run_id: UUID, span: Any) -> None:
-            if len(self._spans) >= _MAX_OPEN_RUNS:
-                stale = self._spans.pop(next(iter(self._spans)))
-                stale.end()
-                record_error("langchain_open_runs_overflow")
-            self._spans[run_id] = span
+        # -- graphs, nodes, chains, retrievers ----------------------------------------------------
+        def on_chain_start(
+            self, serialized: dict[str, Any], inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+            tags: list[str] | None = None, metadata: dict[str, Any] | None = None, **kwargs: Any,
+        ) -> None:  # fmt: skip
+            if not _state.get("enabled"):
+                return
+            with guard("langchain_chain_start"):
+                name = runs.run_name(serialized, kwargs)
+                kind, described = runs.chain_kind(serialized, name), runs.run_metadata(metadata, tags)
+                self._runs.start(run_id, parent_run_id, lambda: runs.start_run_span(name, kind, described))
+
+        def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+            with guard("langchain_chain_end"):
+                runs.end_run_span(self._runs.close(run_id))
+
+        def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+            with guard("langchain_chain_error"):
+                runs.end_run_span(self._runs.close(run_id), error, control_flow=control_flow)
+
+        def on_agent_action(self, action: Any, *, run_id: UUID, **kwargs: Any) -> None:
+            span = self._runs.get(run_id)  # Langfuse marks a run that takes agent actions an agent
+            if span is not None:
+                with guard("langchain_agent"):
+                    span.set_attribute(sc.OI_SPAN_KIND, runs.KIND_AGENT)
+
+        on_agent_finish = on_agent_action
+
+        def on_retriever_start(
+            self, serialized: dict[str, Any], query: str, *, run_id: UUID, parent_run_id: UUID | None = None,
+            tags: list[str] | None = None, metadata: dict[str, Any] | None = None, **kwargs: Any,
+        ) -> None:  # fmt: skip
+            if not _state.get("enabled"):
+                return
+            with guard("langchain_retriever_start"):
+                name = runs.run_name(serialized, kwargs)
+                described, extra = runs.run_metadata(metadata, tags), {sc.OI_INPUT_VALUE: str(query)}
+                self._runs.start(run_id, parent_run_id, lambda: runs.start_run_span(name, runs.KIND_RETRIEVER, described, extra))
+
+        def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
+            span = self._runs.close(run_id)
+            if span is not None:
+                with guard("langchain_retriever_end"):
+                    runs.set_on(span, runs.retrieved_documents(list(documents or ())))
+                    span.end()
+
+        def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+            with guard("langchain_retriever_error"):
+                runs.end_run_span(self._runs.close(run_id), error, control_flow=control_flow)
 
         # -- chat models ------------------------------------------------------------------------
         def on_chat_model_start(
-            self, serialized: dict[str, Any], messages: list[list[Any]], *, run_id: UUID, **kwargs: Any
-        ) -> None:
+            self, serialized: dict[str, Any], messages: list[list[Any]], *, run_id: UUID,
+            parent_run_id: UUID | None = None, **kwargs: Any,
+        ) -> None:  # fmt: skip
             if not _state.get("enabled"):
                 return
             with guard("langchain_chat_start"):
@@ -68,14 +117,14 @@ def _make_handler_class() -> type:
                 model = params.get("model") or params.get("model_name") or (kwargs.get("metadata") or {}).get("ls_model_name")
                 request = {"model": model, "tools": params.get("tools"), "temperature": params.get("temperature")}
                 provider = (kwargs.get("metadata") or {}).get("ls_provider") or "langchain"
-                span = start_chat_span(
-                    "langchain", request, provider=str(provider), messages=_openai_messages(messages[0] if messages else [])
+                sent = _openai_messages(messages[0] if messages else [])
+                span = self._runs.start(
+                    run_id, parent_run_id, lambda: start_chat_span("langchain", request, provider=str(provider), messages=sent)
                 )
-                self._open(run_id, span)
                 layers.langchain_run_started(run_id, span)
 
         def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-            span = self._spans.pop(run_id, None)
+            span = self._runs.close(run_id)
             if span is None:
                 return
             with guard("langchain_chat_end"):
@@ -112,15 +161,16 @@ def _make_handler_class() -> type:
                 )
 
         def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-            span = self._spans.pop(run_id, None)
+            span = self._runs.close(run_id)
             layers.langchain_run_ended(run_id, span)
             _end_with_error(span, error)
             faults.note_failure("model", "a LangChain chat model", error)  # e.g. a provider without our SDK hook
 
         # -- tools -----------------------------------------------------------------------------------
         def on_tool_start(
-            self, serialized: dict[str, Any], input_str: str, *, run_id: UUID, **kwargs: Any
-        ) -> None:
+            self, serialized: dict[str, Any], input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None,
+            **kwargs: Any,
+        ) -> None:  # fmt: skip
             if not _state.get("enabled"):
                 return
             with guard("langchain_tool_start"):
@@ -134,12 +184,14 @@ def _make_handler_class() -> type:
                 }
                 if kwargs.get("tool_call_id"):
                     attributes[sc.TOOL_CALL_ID] = str(kwargs["tool_call_id"])
-                self._open(
-                    run_id, get_tracer().start_span(f"execute_tool {name}", kind=trace.SpanKind.INTERNAL, attributes=attributes)
+                context = trace.set_span_in_context(parent) if (parent := self._runs.parent(parent_run_id)) else None
+                span = get_tracer().start_span(
+                    f"execute_tool {name}", context=context, kind=trace.SpanKind.INTERNAL, attributes=attributes
                 )
+                self._runs.open(run_id, span, parent_run_id)
 
         def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-            span = self._spans.pop(run_id, None)
+            span = self._runs.close(run_id)
             if span is None:
                 return
             with guard("langchain_tool_end"):
@@ -152,7 +204,7 @@ def _make_handler_class() -> type:
                 span.end()
 
         def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-            _end_with_error(self._spans.pop(run_id, None), error)
+            _end_with_error(self._runs.close(run_id), error)
             faults.note_failure("tool", "of a LangChain tool", error)  # ToolNode may turn it into a message
 
     return TracerlCallbackHandler

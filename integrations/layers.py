@@ -16,11 +16,11 @@ The decision is made where the information is, never guessed at export:
 * when a span that only says it is a model call after it started (OpenInference's
   LiteLLM span sets its kind after ``start_span``) ends under a known model call
   (:func:`note_end`, from the processor's ``on_end``, before its parent can end);
-* when a call starts inside a LangChain chat-model run: LangChain's callbacks cannot make
-  their span current (nothing guarantees the matching end), so the OpenAI SDK's span is a
-  sibling, not a child; our handler (inline, in the caller's context) marks the run with
-  :func:`langchain_run_started` and the calls that start before :func:`langchain_run_ended`
-  make it an outer layer;
+* when a call starts inside a LangChain chat-model run: our handler makes the run's span
+  current (``langchain_runs.RunScope``), so the OpenAI SDK's span is its child and the
+  first rule applies; the handler also marks the run with :func:`langchain_run_started`, and
+  calls that start before :func:`langchain_run_ended` in a context the run's attachment
+  did not reach still make it an outer layer;
 * when two callback handlers record the same LangChain run side by side (OpenInference's
   LangChain tracer never makes its span current): :func:`note_langchain_twin`.
 

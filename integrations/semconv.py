@@ -1,5 +1,6 @@
 """Attribute names we write and read: OpenTelemetry GenAI / MCP semantic conventions,
-OpenInference's names (read only, for spans other instrumentors emit), and ``tracerl.*``.
+OpenInference's names (read from spans other instrumentors emit; the span kind and
+metadata also written on LangChain run spans), and ``tracerl.*``.
 
 Only constants live here, so every other module spells a name the same way.
 """
@@ -56,7 +57,7 @@ MCP_TOOLS = "tracerl.mcp.tools"
 SCOPE = "tracerl.integrations"
 """Instrumentation scope name of every span tracerl creates."""
 
-# -- OpenInference (read only) ---------------------------------------------------------
+# -- OpenInference (read; kind and metadata also written on LangChain run spans) --------
 OI_SPAN_KIND = "openinference.span.kind"
 OI_MODEL_NAME = "llm.model_name"
 OI_INPUT_MESSAGES = "llm.input_messages"
@@ -65,3 +66,7 @@ OI_TOOLS = "llm.tools"
 OI_OUTPUT_VALUE = "output.value"
 OI_INPUT_VALUE = "input.value"
 OI_TOOL_NAME = "tool.name"
+OI_METADATA = "metadata"
+"""OpenInference's span metadata: one JSON object (LangGraph's ``langgraph_node``...)."""
+OI_RETRIEVAL_DOCUMENTS = "retrieval.documents"
+OI_SESSION_ID = "session.id"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import tracerl
+if TYPE_CHECKING:  # imported lazily: openinference_agent.py uses these helpers without tracerl
+    import tracerl
 
 LOOKUP_TOOL = {
     "type": "function",
@@ -18,11 +19,15 @@ LOOKUP_TOOL = {
 
 
 def sampled(trajectory: tracerl.Trajectory) -> list[tracerl.Choice]:
-    return [item for item in trajectory.messages_and_choices if isinstance(item, tracerl.Choice)]
+    from tracerl import Choice
+
+    return [item for item in trajectory.messages_and_choices if isinstance(item, Choice)]
 
 
 def roles(items: list[Any]) -> list[str]:
-    return [item.message["role"] if isinstance(item, tracerl.Choice) else item["role"] for item in items]
+    from tracerl import Choice
+
+    return [item.message["role"] if isinstance(item, Choice) else item["role"] for item in items]
 
 
 def assert_tokens_match_server(trajectory: tracerl.Trajectory, responses: list[dict[str, Any]]) -> None:
@@ -88,3 +93,30 @@ def openinference_beside_tracerl() -> Iterator[Any]:
     finally:
         for instrumentor in instrumentors:
             instrumentor.uninstrument()
+
+
+def parallel_branches_graph(llm: Any) -> Any:
+    """A LangGraph graph whose two nodes (``branch_a``, ``branch_b``) run in parallel from START,
+    each asking ``llm`` about the state's ``topic``."""
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    class State(TypedDict, total=False):
+        topic: str
+        a: str
+        b: str
+
+    async def branch_a(state: State) -> State:
+        return {"a": (await llm.ainvoke(f"branch A {state['topic']}")).content}
+
+    async def branch_b(state: State) -> State:
+        return {"b": (await llm.ainvoke(f"branch B {state['topic']}")).content}
+
+    graph = StateGraph(State)
+    graph.add_node("branch_a", branch_a)
+    graph.add_node("branch_b", branch_b)
+    for node in ("branch_a", "branch_b"):
+        graph.add_edge(START, node)
+        graph.add_edge(node, END)
+    return graph.compile()
+

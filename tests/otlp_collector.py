@@ -7,15 +7,21 @@ OTLP, no auth), JSON scores at ``POST /api/public/scores`` and the key check at
 ``GET /api/public/projects``.  Every span is recorded as a :class:`CollectedSpan`, and
 :meth:`OTLPCollector.observations` maps them as Langfuse's ingestion does
 (:mod:`langfuse_mapping`); scores are validated as Langfuse's public API validates them.
+Every request body is kept as it came (decompressed), so :meth:`OTLPCollector.dump` can
+write what was received as the OpenTelemetry Collector's file exporter would: OTLP JSON
+lines or length-prefixed protobuf.
 """
 
 from __future__ import annotations
 
 import base64
 import gzip
+import json
+import struct
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from langfuse_mapping import Observation, observation
@@ -42,6 +48,9 @@ class CollectedSpan:
     path: str
     headers: dict[str, str] = field(default_factory=dict)
     links: list[tuple[str, str]] = field(default_factory=list)
+    start_time: int = 0
+    end_time: int = 0
+    status_code: int = 0
 
 
 def any_value(value: Any) -> Any:
@@ -71,7 +80,9 @@ class OTLPCollector(LoopbackApp):
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.rejected: list[str] = []
         self.bodies: list[bytes] = []
-        """Every accepted request body as received, decompressed (spans and scores alike)."""
+        """Every request body as received, decompressed (spans and scores alike)."""
+        self.trace_bodies: list[bytes] = []
+        """The decoded OTLP trace requests (protobuf), in order: what :meth:`dump` writes."""
 
     @property
     def url(self) -> str:
@@ -119,6 +130,21 @@ class OTLPCollector(LoopbackApp):
             for o in self.observations(trace_id)
         }
 
+    def dump(self, path: Path, format: str = "json") -> Path:
+        """Write every request received, as the Collector's ``file`` exporter does.
+
+        ``json``: one OTLP/JSON ``ExportTraceServiceRequest`` per line (ids in hex, enums
+        as numbers, as the OTLP JSON encoding says); ``proto``: each protobuf message
+        preceded by its length (4 bytes, big-endian).
+        """
+        with open(path, "wb") as f:
+            for body in self.trace_bodies:
+                if format == "proto":
+                    f.write(struct.pack(">I", len(body)) + body)
+                else:
+                    f.write(json.dumps(otlp_json(body)).encode() + b"\n")
+        return path
+
     # -- endpoints ---------------------------------------------------------------------------
     def _authorized(self, request: Request) -> bool:
         ok = request.headers.get("authorization") == self.expected_auth
@@ -140,6 +166,7 @@ class OTLPCollector(LoopbackApp):
             return JSONResponse({"message": "only OTLP/HTTP protobuf"}, status_code=415)
         message = ExportTraceServiceRequest()
         message.ParseFromString(body)
+        self.trace_bodies.append(body)
         for resource_spans in message.resource_spans:
             resource = _attributes(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:
@@ -157,6 +184,9 @@ class OTLPCollector(LoopbackApp):
                             path=path,
                             headers=headers,
                             links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
+                            start_time=span.start_time_unix_nano,
+                            end_time=span.end_time_unix_nano,
+                            status_code=span.status.code,
                         )
                     )
         return Response(ExportTraceServiceResponse().SerializeToString(), media_type="application/x-protobuf")
@@ -192,3 +222,23 @@ def score_problem(body: dict[str, Any]) -> str | None:
     if not isinstance(body.get("environment", "default"), str):
         return "environment must be a string"
     return None
+
+
+def otlp_json(body: bytes) -> dict[str, Any]:
+    """A protobuf ``ExportTraceServiceRequest`` in the OTLP JSON encoding (hex ids, not base64)."""
+    from google.protobuf.json_format import MessageToDict
+
+    message = ExportTraceServiceRequest()
+    message.ParseFromString(body)
+    data = MessageToDict(message, use_integers_for_enums=True)
+    for resource_spans in data.get("resourceSpans", []):
+        for scope_spans in resource_spans.get("scopeSpans", []):
+            for span in scope_spans.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if span.get(key):
+                        span[key] = base64.b64decode(span[key]).hex()
+                for link in span.get("links", []):
+                    for key in ("traceId", "spanId"):
+                        if link.get(key):
+                            link[key] = base64.b64decode(link[key]).hex()
+    return data

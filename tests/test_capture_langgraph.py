@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from capture_fake_server import FakeOpenAIServer, Reply
-from capture_helpers import assert_tokens_match_server, roles, sampled
+from capture_helpers import assert_tokens_match_server, parallel_branches_graph, roles, sampled
 
 import tracerl
 import tracerl.integrations as ti
@@ -113,30 +113,8 @@ async def test_concurrent_graph_rollouts_stay_apart(server):
 
 
 async def test_parallel_branches_become_additional_histories(server):
-    from langgraph.graph import END, START, StateGraph
-    from typing_extensions import TypedDict
-
     llm = ChatOpenAI(model="policy", base_url=server.base_url, api_key="x", max_retries=0)
-
-    class State(TypedDict, total=False):
-        topic: str
-        a: str
-        b: str
-
-    async def branch_a(state: State) -> State:
-        return {"a": (await llm.ainvoke(f"branch A {state['topic']}")).content}
-
-    async def branch_b(state: State) -> State:
-        return {"b": (await llm.ainvoke(f"branch B {state['topic']}")).content}
-
-    graph = StateGraph(State)
-    graph.add_node("a", branch_a)
-    graph.add_node("b", branch_b)
-    graph.add_edge(START, "a")
-    graph.add_edge(START, "b")
-    graph.add_edge("a", END)
-    graph.add_edge("b", END)
-    app = graph.compile()
+    app = parallel_branches_graph(llm)
     async with ti.rollout() as r:
         await app.ainvoke({"topic": "cats"})
     t = r.trajectory

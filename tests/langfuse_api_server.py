@@ -1,0 +1,195 @@
+"""A Langfuse stand-in on loopback: OTLP ingestion in, Langfuse's public read API out.
+
+Spans arrive as at Langfuse (``POST /api/public/otel/v1/traces``, protobuf, Basic auth;
+from the Langfuse SDK itself or from tracerl's exporter) and are mapped the way
+Langfuse's ingestion maps them (``langfuse_mapping``, the port of its OTel ingestion;
+observation metadata from ``langfuse.observation.metadata.*`` as ``extractMetadata``
+reads it), then served with Langfuse's field names and pagination:
+
+* ``GET /api/public/traces`` (``page``, ``limit``, ``sessionId``, ``name``, ``userId``,
+  ``tags`` (all of them), ``fromTimestamp``; ``meta.page/limit/totalItems/totalPages``),
+  ``GET /api/public/traces/{traceId}``;
+* ``GET /api/public/v2/observations`` (``traceId``, ``limit``, ``cursor``;
+  ``meta.cursor``; ``input`` / ``output`` as raw strings) — or, with ``v2=False``, 404
+  there as on older servers, and ``GET /api/public/observations`` (``page`` / ``limit``,
+  inputs and outputs as JSON values).
+
+Faults on demand: ``rate_limit_requests`` (request numbers answered 429 with a
+``Retry-After``), ``hang_s`` (every read request stalls that long).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+from typing import Any
+
+from langfuse_mapping import observation
+from otlp_collector import CollectedSpan, OTLPCollector
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+
+class LangfuseAPIServer(OTLPCollector):
+    """``with LangfuseAPIServer() as lf:`` then ``lf.url``; ``lf.reads`` lists each read request."""
+
+    def __init__(self, *, v2: bool = True, rate_limit_requests: tuple[int, ...] = (), retry_after: str = "1",
+                 hang_s: float = 0.0, **keys: str) -> None:  # fmt: skip
+        super().__init__(**keys)
+        self.v2, self.rate_limit_requests, self.retry_after, self.hang_s = v2, set(rate_limit_requests), retry_after, hang_s
+        self.reads: list[tuple[str, dict[str, Any], int]] = []
+
+    def routes(self) -> list[Any]:
+        return [
+            *super().routes(),
+            Route("/api/public/traces", self._list_traces, methods=["GET"]),
+            Route("/api/public/traces/{trace_id}", self._get_trace, methods=["GET"]),
+            Route("/api/public/v2/observations", self._observations_v2, methods=["GET"]),
+            Route("/api/public/observations", self._observations_v1, methods=["GET"]),
+        ]
+
+    # -- the data model ----------------------------------------------------------------------------
+    def trace_objects(self) -> list[dict[str, Any]]:
+        by_trace: dict[str, list[CollectedSpan]] = {}
+        for span in self.spans:
+            by_trace.setdefault(span.trace_id, []).append(span)
+        return sorted((trace_object(tid, spans) for tid, spans in by_trace.items()), key=lambda t: t["timestamp"])
+
+    def observation_objects(self, trace_id: str, *, raw_io: bool) -> list[dict[str, Any]]:
+        spans = sorted(self.trace(trace_id), key=lambda s: s.start_time)
+        return [observation_object(s, raw_io=raw_io) for s in spans]
+
+    # -- endpoints -----------------------------------------------------------------------------------
+    async def _read(self, request: Request) -> Response | None:
+        """Auth, fault injection and bookkeeping shared by every read endpoint."""
+        number = len(self.reads) + 1
+        self.reads.append((request.url.path, dict(request.query_params.multi_items()), number))
+        if self.hang_s:
+            await asyncio.sleep(self.hang_s)
+        if not self._authorized(request):
+            return JSONResponse({"message": "Invalid credentials"}, status_code=401)
+        if number in self.rate_limit_requests:
+            return JSONResponse({"message": "Rate limit exceeded"}, status_code=429, headers={"Retry-After": self.retry_after})
+        return None
+
+    async def _list_traces(self, request: Request) -> Response:
+        if (refused := await self._read(request)) is not None:
+            return refused
+        q = request.query_params
+        traces = self.trace_objects()
+        if q.get("sessionId"):
+            traces = [t for t in traces if t["sessionId"] == q["sessionId"]]
+        if q.get("name"):
+            traces = [t for t in traces if t["name"] == q["name"]]
+        if q.get("userId"):
+            traces = [t for t in traces if t["userId"] == q["userId"]]
+        tags = q.getlist("tags")
+        if tags:
+            traces = [t for t in traces if set(tags) <= set(t["tags"])]
+        if q.get("fromTimestamp"):
+            since = _parse_time(q["fromTimestamp"])
+            traces = [t for t in traces if _parse_time(t["timestamp"]) >= since]
+        return JSONResponse(_page(traces, q))
+
+    async def _get_trace(self, request: Request) -> Response:
+        if (refused := await self._read(request)) is not None:
+            return refused
+        found = [t for t in self.trace_objects() if t["id"] == request.path_params["trace_id"]]
+        if not found:
+            return JSONResponse({"message": "Trace not found within authorized project"}, status_code=404)
+        return JSONResponse({**found[0], "observations": self.observation_objects(found[0]["id"], raw_io=False)})
+
+    async def _observations_v2(self, request: Request) -> Response:
+        if not self.v2:
+            return Response("Not Found", status_code=404)
+        if (refused := await self._read(request)) is not None:
+            return refused
+        q = request.query_params
+        items = self.observation_objects(q["traceId"], raw_io=True) if q.get("traceId") else []
+        start = int(base64.b64decode(q["cursor"]).decode()) if q.get("cursor") else 0
+        limit = int(q.get("limit", 50))
+        meta = {"cursor": base64.b64encode(str(start + limit).encode()).decode()} if start + limit < len(items) else {}
+        return JSONResponse({"data": items[start : start + limit], "meta": meta})
+
+    async def _observations_v1(self, request: Request) -> Response:
+        if (refused := await self._read(request)) is not None:
+            return refused
+        q = request.query_params
+        items = self.observation_objects(q["traceId"], raw_io=False) if q.get("traceId") else []
+        return JSONResponse(_page(items, q))
+
+
+def _page(items: list[dict[str, Any]], q: Any) -> dict[str, Any]:
+    page, limit = int(q.get("page", 1)), int(q.get("limit", 50))
+    total_pages = (len(items) + limit - 1) // limit
+    chunk = items[(page - 1) * limit : page * limit]
+    return {"data": chunk, "meta": {"page": page, "limit": limit, "totalItems": len(items), "totalPages": total_pages}}
+
+
+# -- observations and traces as the public API returns them --------------------------------------------
+def observation_object(span: CollectedSpan, *, raw_io: bool) -> dict[str, Any]:
+    """One observation (Langfuse's mapping: ``langfuse_mapping``) with the API's field names."""
+    o = observation(span)
+    a = span.attributes
+    prefix = "langfuse.observation.metadata."
+    return {
+        "id": o.id,
+        "traceId": o.trace_id,
+        "type": o.type.upper(),
+        "name": o.name,
+        "startTime": _iso(span.start_time),
+        "endTime": _iso(span.end_time),
+        "parentObservationId": o.parent_id,
+        "level": a.get("langfuse.observation.level") or ("ERROR" if span.status_code == 2 else "DEFAULT"),
+        "model": o.model,
+        "input": o.input if raw_io else _json_value(o.input),
+        "output": o.output if raw_io else _json_value(o.output),
+        "metadata": {k[len(prefix) :]: v for k, v in a.items() if k.startswith(prefix)},
+        "usageDetails": {k: int(v) for k, v in o.usage.items()},
+        "environment": o.environment,
+    }
+
+
+def trace_object(trace_id: str, spans: list[CollectedSpan]) -> dict[str, Any]:
+    """A trace: its fields from the observations (every span carries them), input from the root."""
+    ordered = sorted(spans, key=lambda s: s.start_time)
+    root = next((s for s in ordered if s.parent_span_id is None), ordered[0])
+    observations = [observation(s) for s in ordered]
+
+    def first(field: str) -> Any:
+        return next((getattr(o, field) for o in observations if getattr(o, field) not in (None, "", [])), None)
+
+    top = observation(root)
+    return {
+        "id": trace_id,
+        "timestamp": _iso(root.start_time),
+        "name": first("trace_name") or root.name,
+        "sessionId": first("session_id"),
+        "userId": first("user_id"),
+        "tags": first("tags") or [],
+        "input": _json_value(top.trace_input),
+        "output": _json_value(top.trace_output),
+        "metadata": first("trace_metadata") or {},
+        "observations": [s.span_id for s in ordered],
+    }
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _iso(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _parse_time(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
