@@ -54,11 +54,14 @@ def history(
 
     from .storage import RunDir
 
-    rows = RunDir(base_path, project, name).read_history()
+    report = RunDir(base_path, project, name).history_report()
     table = Table("step", *metric)
-    for row in rows:
+    for row in report.rows:
         table.add_row(str(row.get("step")), *(f"{row[m]:.4g}" if isinstance(row.get(m), (int, float)) else "" for m in metric))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for skipped in report.skipped:
+        console.print(f"[yellow]skipped line {skipped.line}: {skipped.reason}[/yellow]", highlight=False)
 
 
 @app.command("plot")

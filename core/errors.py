@@ -92,3 +92,13 @@ class RemoteBackendError(TracerlError, RuntimeError):
 
 class RemoteConnectionError(RemoteBackendError, ConnectionError):
     """``tracerl serve`` could not be reached, or the connection broke mid-request."""
+
+
+class RunLockedError(TracerlError, RuntimeError):
+    """Another live process trains this model (holds its run lock); ``pid`` and ``host`` name it."""
+
+    def __init__(self, message: str, *, path: object = None, pid: int | None = None, host: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.pid = pid
+        self.host = host

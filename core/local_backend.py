@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Literal
 
 from .base_models import resolve_base_model
 from .errors import CheckpointError, ConfigError, NonFiniteError, TrajectoryError
-from .model import Model, TrainableModel
-from .storage import RunDir, atomic_dir
+from .model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
+from .run_lock import RunLock
+from .storage import TRAIN_SPLIT, RunDir, atomic_dir
 from .tokenization import TokenizeStats, TrainingSequence, tokenize_trajectory
 from .types import TrainResult, TrajectoryGroup
 from .validation import check_groups, check_train_arguments, describe_group, describe_trajectory
@@ -42,6 +43,7 @@ class _Registered:
     model: TrainableModel
     run_dir: RunDir
     model_path: Path
+    lock: RunLock
     trainer: "LoRATrainer | None" = None
     server: "InferenceServer | None" = None
     tokenizer: Any = None
@@ -79,10 +81,15 @@ class LocalBackend:
             model.base_path = self.path
             model.run_dir = RunDir(self.path, model.project, model.name)
         run_dir = model.run_dir
-        model_path = await asyncio.to_thread(resolve_base_model, model.base_model)
-        state = _Registered(model=model, run_dir=run_dir, model_path=model_path)
+        lock = self._claim(run_dir)  # before anything touches the directory
+        try:
+            model_path = await asyncio.to_thread(resolve_base_model, model.base_model)
+            run_dir.repair()
+        except BaseException:
+            lock.release()
+            raise
+        state = _Registered(model=model, run_dir=run_dir, model_path=model_path, lock=lock)
         self._models[model.name] = state
-        run_dir.clean_partial_writes()
         _write_model_json(run_dir, model, model_path)
         if run_dir.latest_step() is None:
             trainer = await asyncio.to_thread(self._trainer, state)
@@ -101,10 +108,26 @@ class LocalBackend:
             model.inference_api_key = "tracerl"
         model.inference_model_name = model.get_inference_name(step)
 
+    def _claim(self, run_dir: RunDir) -> RunLock:
+        """This model's run lock: the one already held here, or a new one (``RunLockedError`` if another process has it)."""
+        for state in self._models.values():
+            if state.run_dir.root == run_dir.root:
+                state.lock.acquire()  # a no-op unless close() released it
+                return state.lock
+        lock = run_dir.lock()
+        lock.acquire()
+        return lock
+
     def _state(self, model: Model) -> _Registered:
         state = self._models.get(model.name)
         if state is None or state.model is not model and state.run_dir.root != model.run_dir.root:
             raise CheckpointError(f"model {model.name!r} is not registered with this backend: await model.register(backend)")
+        return state
+
+    def _writable(self, model: Model) -> _Registered:
+        """The state of a model about to be written: after close(), the lock is taken back (or ``RunLockedError``)."""
+        state = self._state(model)
+        state.lock.acquire()
         return state
 
     def _trainer(self, state: _Registered) -> "LoRATrainer":
@@ -137,21 +160,25 @@ class LocalBackend:
         return self._state(model).run_dir.checkpoint_steps()
 
     async def delete_checkpoints(self, model: Model, keep: list[int]) -> list[int]:
-        run_dir = self._state(model).run_dir
+        run_dir = self._writable(model).run_dir
         latest = run_dir.latest_step()
         deleted = []
         for step in run_dir.checkpoint_steps():
             if step not in keep and step != latest:
-                shutil.rmtree(run_dir.checkpoint_path(step))
+                run_dir.delete_checkpoint(step)
                 deleted.append(step)
         return deleted
 
     async def close(self) -> None:
+        """Stop the servers, drop the trainers and release the run locks (another backend may then take the models)."""
         for state in self._models.values():
-            if state.server is not None:
-                await state.server.stop()
-                state.server = None
-            state.trainer = None
+            try:
+                if state.server is not None:
+                    await state.server.stop()
+                    state.server = None
+                state.trainer = None
+            finally:
+                state.lock.release()
 
     async def __aenter__(self) -> "LocalBackend":
         return self
@@ -200,7 +227,7 @@ class LocalBackend:
             allow_retokenize=allow_retokenize,
             on_non_finite=on_non_finite,
         )
-        state = self._state(model)
+        state = self._writable(model)
         groups = list(trajectory_groups)
         check_groups(groups, vocab_size=_embedding_rows(state.model_path))
         from .trainer import StepConfig  # torch: only once everything is known to be sane
@@ -210,15 +237,13 @@ class LocalBackend:
         step = (state.run_dir.latest_step() or 0) + 1
         sequences, metrics = self._prepare(state, groups, scale_rewards, allow_retokenize)
         final = state.run_dir.checkpoint_path(step)
+        trainer = None
         if sequences and await self._step_or_skip(state, sequences, config, metrics, on_non_finite):
-            with atomic_dir(final) as tmp:
-                await asyncio.to_thread(self._trainer(state).save, tmp, step=step)
-        else:
-            previous = state.run_dir.checkpoint_path(step - 1)
-            if not previous.exists():
-                raise CheckpointError(f"checkpoint {previous} is missing; cannot advance to step {step}")
-            with atomic_dir(final) as tmp:
-                shutil.copytree(previous, tmp, dirs_exist_ok=True)
+            trainer = self._trainer(state)
+        elif not state.run_dir.checkpoint_path(step - 1).exists():
+            raise CheckpointError(f"checkpoint {state.run_dir.checkpoint_path(step - 1)} is missing; cannot advance to step {step}")
+        metrics["step_seconds"] = time.monotonic() - started
+        await asyncio.to_thread(_commit_step, state.run_dir, step, trainer, groups, metrics)
         corr = metrics.get("sampler_trainer_prob_corr")
         if corr is not None and corr < LOGPROB_CORR_WARN:
             log.warning(
@@ -350,6 +375,25 @@ def _embedding_rows(model_path: Path) -> int | None:
         return None
     size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     return int(size) if isinstance(size, int) and size > 0 else None
+
+
+def _commit_step(
+    run_dir: RunDir, step: int, trainer: "LoRATrainer | None", groups: list[TrajectoryGroup], metrics: dict[str, float]
+) -> None:
+    """Write checkpoint ``step`` and everything ``model.log(split="train")`` would record, committed by one rename.
+
+    The trajectories go to their final place first; the checkpoint (adapter, optimizer and
+    ``step.json``, the step's train row) is renamed into place last.  A kill before that
+    rename leaves an uncommitted step that ``register`` cleans away; a kill after it, a
+    committed step whose missing row ``register`` writes from ``step.json``.
+    """
+    run_dir.write_trajectories(TRAIN_SPLIT, step, trajectories_jsonl(groups))
+    with atomic_dir(run_dir.checkpoint_path(step)) as tmp:
+        if trainer is not None:
+            trainer.save(tmp, step=step)
+        else:  # nothing trainable: the step still advances, with the previous adapter
+            shutil.copytree(run_dir.checkpoint_path(step - 1), tmp, dirs_exist_ok=True)
+        run_dir.write_step_record(tmp, step, {**aggregate_metrics(groups), **metrics})
 
 
 async def _unload_quietly(server: Any, name: str) -> None:

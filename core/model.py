@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from .durable import JsonlReport, dumps_jsonl
 from .errors import CheckpointError, ConfigError
-from .storage import RunDir, atomic_write_text, dumps_jsonl, validate_name
+from .storage import RunDir, history_row, logged_splits, validate_name
 from .timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout
 from .types import Trajectory, TrajectoryGroup
 from .validation import check_groups, lora_values
@@ -121,24 +121,28 @@ class Model:
         metrics: dict[str, float] | None = None,
         step: int | None = None,
     ) -> dict[str, float]:
-        """Average rewards and metrics, append one row to ``history.jsonl``, store the trajectories.
+        """Average rewards and metrics, store the trajectories, append one row to ``history.jsonl``.
 
-        Returns the row that was written (metric names prefixed by ``split/``).
+        Returns the row (metric names prefixed by ``split/``).  Idempotent per ``(step, split)``:
+        when the history already holds that row (a rerun after a kill, or the row the backend
+        recovered from the step's checkpoint) nothing is written, no ``on_log`` hook runs, and
+        that row is returned.  The trajectories are written first, so the row is never there
+        without them.
         """
         validate_name(split, "split")
         groups = _as_groups(groups_or_trajectories)
         check_groups(groups)  # a NaN set in place (t.metrics["x"] = nan) would poison the averages
         if step is None:
             step = await self.get_step()
+        for row in reversed(self.run_dir.read_history()):
+            if row.get("step") == step and split in logged_splits(row):
+                return row
         row_metrics = aggregate_metrics(groups)
         row_metrics.update(metrics or {})
-        row = {"step": step, "time": time.time(), **{f"{split}/{k}": v for k, v in row_metrics.items()}}
-        self.run_dir.append_history(row)
         if groups:
-            rows = [
-                {"group": gi, **t.to_json_dict()} for gi, group in enumerate(groups) for t in group.trajectories
-            ]
-            atomic_write_text(self.run_dir.trajectories_path(split, step), dumps_jsonl(rows))
+            self.run_dir.write_trajectories(split, step, trajectories_jsonl(groups))
+        row = history_row(step, split, row_metrics)
+        self.run_dir.append_history(row)
         for hook in on_log:
             try:
                 hook(self, groups, split, step, row)
@@ -147,7 +151,12 @@ class Model:
         return row
 
     def history(self) -> list[dict[str, Any]]:
+        """The rows of ``history.jsonl`` (torn or corrupt lines are skipped and logged)."""
         return self.run_dir.read_history()
+
+    def history_report(self) -> JsonlReport:
+        """The history rows plus the lines skipped as torn or corrupt, with their line numbers."""
+        return self.run_dir.history_report()
 
 
 class TrainableModel(Model):
@@ -227,6 +236,11 @@ def _as_groups(items: Any) -> list[TrajectoryGroup]:
     if loose:
         groups.append(TrajectoryGroup(loose))
     return groups
+
+
+def trajectories_jsonl(groups: list[TrajectoryGroup]) -> str:
+    """The stored form of a step's trajectories: one per line, with its group's index."""
+    return dumps_jsonl({"group": gi, **t.to_json_dict()} for gi, group in enumerate(groups) for t in group.trajectories)
 
 
 def aggregate_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:

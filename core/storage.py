@@ -3,33 +3,70 @@
 Layout (ART-compatible, under ``base_path``, default ``.tracerl``)::
 
     {project}/models/{name}/model.json
+    {project}/models/{name}/run.lock                       (held by the backend training it)
     {project}/models/{name}/history.jsonl
-    {project}/models/{name}/checkpoints/{step:04d}/      (peft adapter)
+    {project}/models/{name}/checkpoints/{step:04d}/        (peft adapter + step.json)
     {project}/models/{name}/trajectories/{split}/{step:04d}.jsonl
 
-Every write is atomic (temp file or temp dir, then rename), so a run killed mid-step
-leaves only complete checkpoints behind and a rerun resumes from the newest one.
+It survives SIGKILL at any instant (the primitives are in :mod:`tracerl.durable`).  A
+trained step is committed by one atomic rename of its checkpoint directory, which holds
+``step.json`` (the history row ``model.log(groups, split="train", metrics=...)`` would
+write); its trajectories are written to ``trajectories/train/`` just before that rename.
+So a step killed before ``model.log`` ran is not half-recorded: :meth:`RunDir.repair`
+(run by ``register``, under the run lock) writes its missing row, marked ``"recovered":
+true``, drops what uncommitted steps and interrupted writes left, and restores a
+checkpoint whose replacement was interrupted.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-import shutil
-import tempfile
+import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
+from .durable import (
+    JsonlReport,
+    append_jsonl,
+    atomic_dir,
+    atomic_write_text,
+    dumps_jsonl,
+    read_jsonl,
+    read_jsonl_report,
+    remove_dir,
+    repair_dir,
+)
 from .errors import ConfigError
+from .run_lock import RunLock
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_CHECKPOINT_RE = re.compile(r"^\d{4,}$")
+__all__ = [
+    "STEP_RECORD",
+    "RunDir",
+    "append_jsonl",
+    "atomic_dir",
+    "atomic_write_text",
+    "dumps_jsonl",
+    "history_row",
+    "logged_splits",
+    "read_jsonl",
+    "read_jsonl_report",
+    "validate_name",
+]
+
+log = logging.getLogger("tracerl")
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_CHECKPOINT_RE = re.compile(r"\d{4,}")
+STEP_RECORD = "step.json"
+TRAIN_SPLIT = "train"
 
 
 def validate_name(value: str, what: str) -> str:
     """Reject names that would escape the data directory or make awkward paths."""
-    if not isinstance(value, str) or not _NAME_RE.match(value) or ".." in value:
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or ".." in value:
         raise ConfigError(
             f"invalid {what} {value!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit (no '/', no '..')"
@@ -37,12 +74,23 @@ def validate_name(value: str, what: str) -> str:
     return value
 
 
+def history_row(step: int, split: str, metrics: dict[str, Any], *, at: float | None = None) -> dict[str, Any]:
+    """A ``history.jsonl`` row: the step, the time and each metric prefixed by ``split/``."""
+    return {"step": step, "time": time.time() if at is None else at, **{f"{split}/{k}": v for k, v in metrics.items()}}
+
+
+def logged_splits(row: dict[str, Any]) -> set[str]:
+    """The splits a history row holds metrics of (``train/reward`` -> ``train``)."""
+    return {key.split("/", 1)[0] for key in row if "/" in key}
+
+
 class RunDir:
-    """Paths and atomic I/O for one model's run directory."""
+    """Paths, crash-safe I/O and resume repair for one model's run directory."""
 
     def __init__(self, base_path: str | os.PathLike[str], project: str, name: str) -> None:
         validate_name(project, "project name")
         validate_name(name, "model name")
+        self.project, self.name = project, name
         self.root = Path(base_path).resolve() / project / "models" / name
         self.checkpoints = self.root / "checkpoints"
         self.history_path = self.root / "history.jsonl"
@@ -58,12 +106,17 @@ class RunDir:
         """Steps of complete checkpoints (temp dirs of interrupted writes are ignored)."""
         if not self.checkpoints.is_dir():
             return []
-        return sorted(int(p.name) for p in self.checkpoints.iterdir() if p.is_dir() and _CHECKPOINT_RE.match(p.name))
+        return sorted(int(p.name) for p in self.checkpoints.iterdir() if p.is_dir() and _CHECKPOINT_RE.fullmatch(p.name))
 
     def latest_step(self) -> int | None:
         steps = self.checkpoint_steps()
         return steps[-1] if steps else None
 
+    def lock(self) -> RunLock:
+        """The run lock (not yet acquired): one trainer process per model."""
+        return RunLock(self.root / "run.lock", f"model {self.project}/{self.name} ({self.root})")
+
+    # -- files ------------------------------------------------------------------------------------
     def write_json(self, path: Path, data: Any) -> None:
         atomic_write_text(path, json.dumps(data, indent=2, default=str))
 
@@ -71,71 +124,67 @@ class RunDir:
         append_jsonl(self.history_path, [row])
 
     def read_history(self) -> list[dict[str, Any]]:
+        """The history rows; unreadable lines are skipped and logged (see :meth:`history_report`)."""
         return read_jsonl(self.history_path)
 
-    def clean_partial_writes(self) -> None:
-        """Remove temp dirs left by a run killed while writing a checkpoint."""
-        if self.checkpoints.is_dir():
-            for p in self.checkpoints.iterdir():
-                if p.name.startswith(".tmp-"):
-                    shutil.rmtree(p, ignore_errors=True)
+    def history_report(self) -> JsonlReport:
+        """The history rows and the lines skipped as torn or corrupt, with their numbers."""
+        return read_jsonl_report(self.history_path)
 
+    def write_trajectories(self, split: str, step: int, text: str) -> None:
+        atomic_write_text(self.trajectories_path(split, step), text)
 
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    def delete_checkpoint(self, step: int) -> None:
+        remove_dir(self.checkpoint_path(step))
 
+    # -- steps ------------------------------------------------------------------------------------
+    @staticmethod
+    def write_step_record(checkpoint_tmp: Path, step: int, metrics: dict[str, Any]) -> None:
+        """Put the step's train row into its (not yet renamed) checkpoint, so it commits with it."""
+        record = {"step": step, "split": TRAIN_SPLIT, "time": time.time(), "metrics": metrics}
+        (checkpoint_tmp / STEP_RECORD).write_text(json.dumps(record, default=str))
 
-def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """Append whole lines in one write, so a crash never leaves half a row behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(dumps_jsonl(rows))
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def dumps_jsonl(rows: Iterable[dict[str, Any]]) -> str:
-    """One JSON object per line (values JSON cannot hold are written as strings)."""
-    return "".join(json.dumps(row, default=str) + "\n" for row in rows)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read a JSONL file, skipping a torn last line left by a killed writer."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
+    def read_step_record(self, step: int) -> dict[str, Any] | None:
+        path = self.checkpoint_path(step) / STEP_RECORD
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and record.get("step") == step else None
 
+    # -- resume -----------------------------------------------------------------------------------
+    def repair(self) -> list[str]:
+        """Undo whatever a kill left; returns one line per action.  Run it only under the run lock."""
+        actions = repair_dir(self.root) + repair_dir(self.checkpoints)
+        splits = self.root / "trajectories"
+        for split_dir in sorted(splits.iterdir()) if splits.is_dir() else []:
+            actions += repair_dir(split_dir)
+        actions += self._drop_uncommitted_trajectories()
+        actions += self._recover_train_rows()
+        for action in actions:
+            log.warning("%s: %s", self.root, action)
+        return actions
 
-def atomic_dir(final: Path) -> "_AtomicDir":
-    """``with atomic_dir(path) as tmp: write into tmp`` — renamed to ``path`` on success."""
-    return _AtomicDir(final)
+    def _drop_uncommitted_trajectories(self) -> list[str]:
+        """``train`` writes a step's trajectories just before committing it: beyond the newest checkpoint they are orphans."""
+        latest = self.latest_step() or 0
+        split_dir = self.root / "trajectories" / TRAIN_SPLIT
+        actions = []
+        for path in sorted(split_dir.glob("*.jsonl")) if split_dir.is_dir() else []:
+            if _CHECKPOINT_RE.fullmatch(path.stem) and int(path.stem) > latest:
+                path.unlink()
+                actions.append(f"removed {path} (its step was never committed)")
+        return actions
 
-
-class _AtomicDir:
-    def __init__(self, final: Path) -> None:
-        self.final = final
-
-    def __enter__(self) -> Path:
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(dir=self.final.parent, prefix=".tmp-"))
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        if self.final.exists():
-            shutil.rmtree(self.final)
-        os.replace(self.tmp, self.final)
+    def _recover_train_rows(self) -> list[str]:
+        """Write the train row of each committed step whose ``model.log`` never ran (killed before it)."""
+        logged = {(row.get("step"), split) for row in self.read_history() for split in logged_splits(row)}
+        actions = []
+        for step in self.checkpoint_steps():
+            record = self.read_step_record(step)
+            if record is None or (step, record["split"]) in logged:
+                continue
+            row = history_row(step, record["split"], record.get("metrics") or {}, at=record.get("time"))
+            self.append_history({**row, "recovered": True})
+            actions.append(f"recovered the {record['split']} row of step {step} from its checkpoint (killed before model.log)")
+        return actions

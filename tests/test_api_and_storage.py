@@ -17,7 +17,7 @@ from tracerl.storage import RunDir, atomic_dir
 EXPECTED_ALL = {
     "Backend", "CheckpointError", "Choice", "ConfigError", "DatasetBatch", "ExceptionRecord", "History",
     "InferenceServerError", "JudgeError", "LocalBackend", "Model", "NonFiniteError", "RemoteBackend", "RemoteBackendError",
-    "RemoteConnectionError", "TooManyExceptionsError", "TracerlError", "TrainResult", "TrainableModel", "Trajectory",
+    "RemoteConnectionError", "RunLockedError", "TooManyExceptionsError", "TracerlError", "TrainResult", "TrainableModel", "Trajectory",
     "TrajectoryError", "TrajectoryGroup", "gather_trajectories", "gather_trajectory_groups", "iterate_dataset", "retry",
     "rollout", "trajectory", "trajectory_group",
     # typed faults (DESIGN §5.8)

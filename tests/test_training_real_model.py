@@ -118,7 +118,7 @@ def test_interrupted_checkpoint_write_is_ignored_on_resume(trained, tmp_path):
     partial.mkdir()
     (partial / "adapter_config.json").write_text("{}")
     assert model.run_dir.latest_step() == 3
-    model.run_dir.clean_partial_writes()
+    model.run_dir.repair()
     assert not partial.exists()
 
 
