@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tracerl-installed
 VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
 PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
 
-.PHONY: install install-vllm install-phoenix demo test clean
+.PHONY: install install-vllm install-phoenix demo test chaos clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,11 @@ demo: install-vllm
 
 test: install-vllm install-phoenix
 	$(BIN)/python -m pytest -q tests
+
+# SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
+# check nothing was lost (~10 min on 2 CPU cores); the result is committed as bench/chaos.json
+chaos: $(STAMP)
+	$(BIN)/python tests/chaos.py --kills 24 --out bench/chaos.json
 
 clean:
 	rm -rf $(VENV) .tracerl
