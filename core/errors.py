@@ -94,8 +94,11 @@ class RemoteConnectionError(RemoteBackendError, ConnectionError):
     """``tracerl serve`` could not be reached, or the connection broke mid-request."""
 
 
-class RunLockedError(TracerlError, RuntimeError):
-    """Another live process trains this model (holds its run lock); ``pid`` and ``host`` name it."""
+class RunLockedError(CheckpointError):
+    """Another live process trains this model (holds its run lock); ``pid`` and ``host`` name it.
+
+    A :class:`CheckpointError` (the run directory is not ours to write), so ``tracerl serve``
+    answers it as a 409 conflict."""
 
     def __init__(self, message: str, *, path: object = None, pid: int | None = None, host: str | None = None) -> None:
         super().__init__(message)
