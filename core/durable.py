@@ -116,7 +116,13 @@ class _AtomicDir:
         if self.final.exists():  # keep the old one on disk until the new one is in place
             old = parent / f"{OLD_PREFIX}{self.final.name}-{secrets.token_hex(4)}"
             os.rename(self.final, old)
-        os.rename(self.tmp, self.final)
+        try:
+            os.rename(self.tmp, self.final)
+        except BaseException:
+            if old is not None:  # put the old one back under its name
+                os.rename(old, self.final)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         fsync_dir(parent)
         if old is not None:
             shutil.rmtree(old)

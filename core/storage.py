@@ -44,6 +44,7 @@ from .run_lock import RunLock
 
 __all__ = [
     "STEP_RECORD",
+    "TRAIN_SPLIT",
     "RunDir",
     "append_jsonl",
     "atomic_dir",
