@@ -81,13 +81,21 @@ class LocalBackend:
             model.base_path = self.path
             model.run_dir = RunDir(self.path, model.project, model.name)
         run_dir = model.run_dir
-        lock = self._claim(run_dir)  # before anything touches the directory
+        held = next((s.lock for s in self._models.values() if s.run_dir.root == run_dir.root), None)
+        lock = held or run_dir.lock()
+        lock.acquire()  # before anything touches the directory: RunLockedError if another process has it
         try:
-            model_path = await asyncio.to_thread(resolve_base_model, model.base_model)
-            run_dir.repair()
+            await self._open(model, run_dir, lock)
         except BaseException:
-            lock.release()
+            if held is None:  # a first registration that failed leaves the directory to others
+                self._models.pop(model.name, None)
+                lock.release()
             raise
+
+    async def _open(self, model: TrainableModel, run_dir: RunDir, lock: RunLock) -> None:
+        """Under the run lock: repair what a kill left, write checkpoint 0 if new, start serving."""
+        model_path = await asyncio.to_thread(resolve_base_model, model.base_model)
+        run_dir.repair()
         state = _Registered(model=model, run_dir=run_dir, model_path=model_path, lock=lock)
         self._models[model.name] = state
         _write_model_json(run_dir, model, model_path)
@@ -107,16 +115,6 @@ class LocalBackend:
             model.inference_base_url = server.base_url
             model.inference_api_key = "tracerl"
         model.inference_model_name = model.get_inference_name(step)
-
-    def _claim(self, run_dir: RunDir) -> RunLock:
-        """This model's run lock: the one already held here, or a new one (``RunLockedError`` if another process has it)."""
-        for state in self._models.values():
-            if state.run_dir.root == run_dir.root:
-                state.lock.acquire()  # a no-op unless close() released it
-                return state.lock
-        lock = run_dir.lock()
-        lock.acquire()
-        return lock
 
     def _state(self, model: Model) -> _Registered:
         state = self._models.get(model.name)

@@ -244,3 +244,19 @@ def test_close_releases_the_lock_within_one_process(tmp_path, child):
         return (await first.train(first_model, [group])).step  # ...and trains again once the lock is free
 
     assert asyncio.run(scenario()) == 3
+
+
+def test_a_failed_registration_leaves_the_lock_free(tmp_path, child):
+    import asyncio
+
+    child(tmp_path, "steps", "1")
+
+    async def scenario():
+        broken = tracerl.TrainableModel("m", "faults", str(tmp_path / "no-such-model"), base_path=tmp_path)
+        with pytest.raises(tracerl.ConfigError):
+            await tracerl.LocalBackend(inference=None).register(broken)  # never closed
+        model, backend = await _register(tmp_path)
+        await backend.close()
+        return await model.get_step()
+
+    assert asyncio.run(scenario()) == 1
