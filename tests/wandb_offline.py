@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,26 @@ def records(path: Path) -> list[Any]:
     return out
 
 
+def finished_records(run_dir: Path, timeout_s: float = 60.0) -> list[Any]:
+    """The run's records once W&B has written its ``exit`` record.
+
+    ``run.finish()`` can return before W&B's core process has flushed the offline log (seen
+    here: the file still held only its header right after ``finish``), so wait for the end
+    of the run rather than read a half-written file.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logs = list(run_dir.glob("run-*.wandb"))
+        found = records(logs[0]) if len(logs) == 1 else []
+        if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def history(run_dir: Path) -> list[dict[str, Any]]:
     """The ``run.log`` rows of an offline run, in order (W&B's ``_``-keys dropped)."""
-    (log,) = run_dir.glob("run-*.wandb")
     rows = []
-    for record in records(log):
+    for record in finished_records(run_dir):
         if record.WhichOneof("record_type") == "history":
             row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
             rows.append({k: v for k, v in row.items() if not k.startswith("_") or k == "_step"})
