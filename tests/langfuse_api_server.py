@@ -3,8 +3,9 @@
 Spans arrive as at Langfuse (``POST /api/public/otel/v1/traces``, protobuf, Basic auth;
 from the Langfuse SDK itself or from tracerl's exporter) and are mapped the way
 Langfuse's ingestion maps them (``langfuse_mapping``, the port of its OTel ingestion;
-observation metadata from ``langfuse.observation.metadata.*`` as ``extractMetadata``
-reads it), then served with Langfuse's field names and pagination:
+observation metadata as Langfuse stores it: the attributes it did not use, the resource,
+the scope, ``langfuse.observation.metadata.*``; a model call's tools moved into its input),
+then served with Langfuse's field names and pagination:
 
 * ``GET /api/public/traces`` (``page``, ``limit``, ``sessionId``, ``name``, ``userId``,
   ``tags`` (all of them), ``fromTimestamp``; ``meta.page/limit/totalItems/totalPages``),
@@ -135,7 +136,6 @@ def observation_object(span: CollectedSpan, *, raw_io: bool) -> dict[str, Any]:
     """One observation (Langfuse's mapping: ``langfuse_mapping``) with the API's field names."""
     o = observation(span)
     a = span.attributes
-    prefix = "langfuse.observation.metadata."
     return {
         "id": o.id,
         "traceId": o.trace_id,
@@ -146,9 +146,9 @@ def observation_object(span: CollectedSpan, *, raw_io: bool) -> dict[str, Any]:
         "parentObservationId": o.parent_id,
         "level": a.get("langfuse.observation.level") or ("ERROR" if span.status_code == 2 else "DEFAULT"),
         "model": o.model,
-        "input": o.input if raw_io else _json_value(o.input),
-        "output": o.output if raw_io else _json_value(o.output),
-        "metadata": {k[len(prefix) :]: v for k, v in a.items() if k.startswith(prefix)},
+        "input": _raw(o.input) if raw_io else _json_value(o.input),
+        "output": _raw(o.output) if raw_io else _json_value(o.output),
+        "metadata": o.metadata,
         "usageDetails": {k: int(v) for k, v in o.usage.items()},
         "environment": o.environment,
     }
@@ -176,6 +176,11 @@ def trace_object(trace_id: str, spans: list[CollectedSpan]) -> dict[str, Any]:
         "metadata": first("trace_metadata") or {},
         "observations": [s.span_id for s in ordered],
     }
+
+
+def _raw(value: Any) -> Any:
+    """The v2 API's raw form: the stored string (an input Langfuse rebuilt, e.g. with tools, as JSON)."""
+    return value if value is None or isinstance(value, str) else json.dumps(value)
 
 
 def _json_value(value: Any) -> Any:

@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from langfuse_tools import normalize_tools
+
 _TYPES = {
     "span", "generation", "event", "embedding", "agent", "tool", "chain", "retriever", "guardrail", "evaluator",
 }  # fmt: skip
@@ -75,6 +77,11 @@ class Observation:
     trace_metadata: dict[str, Any] = field(default_factory=dict)
     trace_input: Any = None
     trace_output: Any = None
+    metadata: Any = None
+    """``{"attributes": <the attributes not used as input/output, as text>, "resourceAttributes", "scope"}``."""
+    tool_definitions: dict[str, str] = field(default_factory=dict)
+    """Tool name -> ``{"description", "parameters"}`` JSON: the tools Langfuse found offered."""
+    tool_call_names: list[str] = field(default_factory=list)
 
     @property
     def would_tokenize(self) -> bool:
@@ -88,6 +95,13 @@ def observation(span: Any) -> Observation:
     agent_span = a.get("gen_ai.operation.name") in ("invoke_agent", "agent_step")
     input_, output = _input_output(a, "observation")
     trace_input, trace_output = _input_output(a, "trace")
+    sdk_span = str(getattr(span, "scope", "") or "").startswith("langfuse-sdk")
+    metadata = {
+        **({} if sdk_span else {"attributes": unused_attributes(a)}),
+        "resourceAttributes": resource, "scope": {"name": getattr(span, "scope", None)},
+        **_metadata(a, "observation"), **_metadata(a, "trace"),
+    }  # fmt: skip
+    tools = normalize_tools(input_, output, metadata)
     return Observation(
         id=span.span_id, trace_id=span.trace_id, parent_id=span.parent_span_id,
         name=str(a["gen_ai.tool.name"]) if a.get("gen_ai.tool.name") else span.name,
@@ -98,7 +112,9 @@ def observation(span: Any) -> Observation:
         environment=_first(a, _ENVIRONMENT_KEYS) or _first(resource, _ENVIRONMENT_KEYS) or "default",
         model=None if agent_span else _first(a, _MODEL_KEYS),
         usage={} if agent_span else usage_details(a), cost={} if agent_span else cost_details(a),
-        input=input_, output=output, trace_metadata=_trace_metadata(a), trace_input=trace_input, trace_output=trace_output,
+        input=tools.input, output=tools.output, trace_metadata=_trace_metadata(a), trace_input=trace_input,
+        trace_output=trace_output, metadata=tools.metadata, tool_definitions=tools.tool_definitions,
+        tool_call_names=tools.tool_call_names,
     )  # fmt: skip
 
 
@@ -151,21 +167,58 @@ def cost_details(a: Mapping[str, Any]) -> dict[str, float]:
     return {}
 
 
+# ``extractInputAndOutput``: the attribute pairs it tries, in its order (the branches for
+# frameworks tracerl never meets are left out); the first pair with a value wins.
+_IO_PAIRS = (
+    ("mlflow.spanInputs", "mlflow.spanOutputs"),
+    ("traceloop.entity.input", "traceloop.entity.output"),
+    ("input.value", "output.value"),  # OpenInference (Langfuse: "SmolAgents")
+    ("input", "output"),
+    ("tool_arguments", "tool_response"),
+    ("gen_ai.input.messages", "gen_ai.output.messages"),
+    ("gen_ai.tool.call.arguments", "gen_ai.tool.call.result"),
+)
+# The keys it deletes from the attributes it keeps in metadata (those we can meet).
+_IO_KEYS = frozenset({
+    "langfuse.trace.input", "langfuse.trace.output", "langfuse.observation.input", "langfuse.observation.output",
+    "prompt", "all_messages_events", "events", "final_result", "pydantic_ai.all_messages", "gen_ai.system_instructions",
+    *(key for pair in _IO_PAIRS for key in pair),
+})  # fmt: skip
+_IO_PREFIXES = (
+    "gen_ai.prompt", "gen_ai.completion", "llm.input_messages", "llm.output_messages", "langfuse.trace.metadata",
+    "langfuse.observation.metadata", "ai.telemetry.metadata",
+)  # fmt: skip
+
+
 def _input_output(a: Mapping[str, Any], domain: str) -> tuple[Any, Any]:
-    if domain == "trace" and ("langfuse.trace.input" in a or "langfuse.trace.output" in a):
-        return a.get("langfuse.trace.input"), a.get("langfuse.trace.output")
-    if "langfuse.observation.input" in a or "langfuse.observation.output" in a:
-        return a.get("langfuse.observation.input"), a.get("langfuse.observation.output")
-    if "gen_ai.input.messages" in a or "gen_ai.output.messages" in a:
-        return a.get("gen_ai.input.messages"), a.get("gen_ai.output.messages")
-    if "gen_ai.tool.call.arguments" in a or "gen_ai.tool.call.result" in a:
-        return a.get("gen_ai.tool.call.arguments"), a.get("gen_ai.tool.call.result")
-    return a.get("input.value"), a.get("output.value")
+    input_ = a.get("langfuse.trace.input") if domain == "trace" and a.get("langfuse.trace.input") else a.get("langfuse.observation.input")
+    output = a.get("langfuse.trace.output") if domain == "trace" and a.get("langfuse.trace.output") else a.get("langfuse.observation.output")
+    if input_ is not None or output is not None:
+        return input_, output
+    for input_key, output_key in _IO_PAIRS:
+        if a.get(input_key) or a.get(output_key):  # JavaScript truthiness: "" does not count
+            return a.get(input_key), a.get(output_key)
+    return None, None
+
+
+def unused_attributes(a: Mapping[str, Any]) -> dict[str, str]:
+    """The span attributes Langfuse keeps in the observation's ``metadata.attributes`` (as text)."""
+    return {
+        k: v if isinstance(v, str) else json.dumps(v)
+        for k, v in a.items()
+        if k not in _IO_KEYS and not k.startswith(_IO_PREFIXES)
+    }
 
 
 def _trace_metadata(a: Mapping[str, Any]) -> dict[str, Any]:
-    out = json.loads(a["langfuse.trace.metadata"]) if isinstance(a.get("langfuse.trace.metadata"), str) else {}
-    prefix = "langfuse.trace.metadata."
+    return _metadata(a, "trace")
+
+
+def _metadata(a: Mapping[str, Any], domain: str) -> dict[str, Any]:
+    """``extractMetadata``: the ``langfuse.{domain}.metadata`` JSON and ``langfuse.{domain}.metadata.*`` keys."""
+    key = f"langfuse.{domain}.metadata"
+    out = json.loads(a[key]) if isinstance(a.get(key), str) else {}
+    prefix = key + "."
     out.update({k[len(prefix) :]: v for k, v in a.items() if k.startswith(prefix)})
     return out
 

@@ -123,12 +123,12 @@ async def test_tracerl_exported_traces_come_back_exactly(server):
             exporter.shutdown()
         imported = {t.trace_id: t for t in import_langfuse(lf.url, **KEYS, trace_ids=sorted(ids))}
         generations = [o for t in ids for o in lf.observation_objects(t, raw_io=False) if o["type"] == "GENERATION"]
-    # Langfuse keeps a generation's tools only inside its input (its ingestion drops gen_ai.tool.definitions)
-    tools_kept = any(isinstance(o["input"], dict) and "tools" in o["input"] for o in generations)
+    # Langfuse moves gen_ai.tool.definitions into the generation's input: {"messages": [...], "tools": [...]}
+    assert generations and all(isinstance(o["input"], dict) and o["input"]["tools"] for o in generations)
     for live in captured:
         back = imported[live.trace_id]
         assert back.messages() == live.messages()
-        assert back.tools == (live.tools if tools_kept else None)
+        assert back.tools == live.tools and live.tools
         assert back.metadata["task"] == live.metadata["task"]
 
 

@@ -1,0 +1,56 @@
+"""What Langfuse shows beyond the trace-level fields: the tools a generation was offered,
+training steps grouped per run, scores attached to the observations they judge.
+
+As in ``test_export_langfuse.py``: real agents against an OpenAI-compatible stand-in, spans
+and scores into the loopback endpoint that decodes OTLP protobuf and maps each span as
+Langfuse's ingestion does (``langfuse_mapping``; tools: ``langfuse_tools``, the port of its
+``normalizeToolsForObservation``), scores validated as Langfuse's ``POST /api/public/scores``
+validates them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from capture_helpers import LOOKUP_TOOL, openai_tool_agent
+from test_export_langfuse import collector, hosted, langfuse, react_agent, served, trainable  # noqa: F401 - fixtures
+
+import tracerl.integrations as ti
+
+pytest.importorskip("langgraph")
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def _offered(observation) -> list[str]:
+    """The names of the tools in a generation's input, as the generation view lists them."""
+    assert isinstance(observation.input, dict), observation.input
+    return [t.get("name") or t.get("function", {}).get("name") for t in observation.input["tools"]]
+
+
+async def test_a_generation_shows_the_tools_it_was_offered(hosted, collector, langfuse):
+    """LangGraph ReAct agent (``ChatOpenAI`` + one ``@tool``) and a plain OpenAI-SDK agent: each
+    generation's input is ``{"messages": [...], "tools": [...]}`` and its tool index names the tool."""
+    from openai import AsyncOpenAI
+
+    agent = react_agent(hosted.base_url)
+    async with ti.rollout(task="tools in langfuse", group="g-tools") as graph:
+        await agent.ainvoke({"messages": [("user", "tools in langfuse")]})
+    client = AsyncOpenAI(base_url=hosted.base_url, api_key="x", max_retries=0)
+    async with ti.rollout(task="tools via sdk", group="g-tools") as sdk:
+        await openai_tool_agent(client, "tools via sdk")
+    assert langfuse.force_flush()
+    for r, tool in ((graph, "lookup"), (sdk, LOOKUP_TOOL["function"]["name"])):
+        generations = collector.generations(r.trajectory.trace_id)
+        assert len(generations) == 2
+        for generation in generations:
+            assert _offered(generation) == [tool]
+            assert [m["role"] for m in generation.input["messages"]][:1] in (["user"], ["system"])
+            described = json.loads(generation.tool_definitions[tool])
+            assert described["description"] and "properties" in json.loads(described["parameters"])
+            assert "gen_ai.tool.definitions" not in generation.metadata["attributes"]  # moved into the input
+    first_graph_call = min(collector.generations(graph.trajectory.trace_id), key=lambda o: len(o.input["messages"]))
+    assert first_graph_call.input["messages"][-1]["parts"][0]["content"] == "tools in langfuse"
+    assert json.loads(collector.generations(graph.trajectory.trace_id)[0].tool_definitions["lookup"])["description"] == (
+        "Look something up."
+    )
