@@ -54,3 +54,29 @@ async def test_a_generation_shows_the_tools_it_was_offered(hosted, collector, la
     assert json.loads(collector.generations(graph.trajectory.trace_id)[0].tool_definitions["lookup"])["description"] == (
         "Look something up."
     )
+
+
+async def test_a_runs_training_steps_share_a_session_environment_and_their_release(served, collector, langfuse, tmp_path):
+    """Two ``model.log`` steps of one run: one session ``{project}/{name}`` for both (Langfuse's
+    session view lists the run's steps), the destination's environment, and each step the
+    release of its rollouts (``name@step``), so rollouts and steps filter together."""
+    model = trainable(served, tmp_path, step=5)
+    step_ids = []
+    releases = {}
+    for step in (5, 6):
+        model._step_cache = step
+        group = await ti.trajectory_group(
+            [openai_tool_agent(model.openai_client(), f"run step {step} {i}", model=model.get_inference_name()) for i in range(2)],
+            model=model,
+        )
+        await model.log([group], split="train", step=step, metrics={"loss": 1.0 / step})
+        assert langfuse.force_flush()
+        releases[step] = {o.release for t in group.trajectories for o in collector.observations(t.trace_id)}
+        (step_trace,) = {o.trace_id for o in collector.observations() if o.trace_name == "training step" and o.version == f"agent@{step}"}
+        step_ids.append(step_trace)
+    fields = [collector.trace_fields(t) for t in step_ids]
+    assert fields == [
+        {("training step", "obs/agent", None, ("train", "agent"), "agent@5", "agent@5", "rl-test")},
+        {("training step", "obs/agent", None, ("train", "agent"), "agent@6", "agent@6", "rl-test")},
+    ]
+    assert releases == {5: {"agent@5"}, 6: {"agent@6"}}  # the step's release is its rollouts' release

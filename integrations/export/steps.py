@@ -6,6 +6,9 @@ here through ``tracerl.model.on_log``, so users write no extra code: the row it 
 split + model, output = the row) whose every metric is a score (``train/reward``,
 ``train/loss``…; Langfuse charts scores over time and filters them by trace name, tag and
 version), and each logged group whose attempts share a session gets its group scores.
+All the steps of one run share a session, ``{project}/{name}`` (Langfuse's session view
+lists them in order), and carry the destination's environment and the release of that
+step's rollouts (``name@step``, or the configured release), so they filter together.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def export_step(model: Any, groups: list[Any], split: str, step: int, row: dict[
         span = get_tracer().start_span(f"step {step}", otel_context.Context(), attributes=attributes)
         context = span.get_span_context()
         traces.register(context.trace_id, traces.TraceInfo(
-            name=STEP_TRACE_NAME, tags=[split, str(getattr(model, "name", ""))], version=version,
+            name=STEP_TRACE_NAME, session_id=run_session(model), tags=[split, str(getattr(model, "name", ""))],
+            version=version,
             metadata=traces.flat_metadata({"project": getattr(model, "project", None), "model": getattr(model, "name", None),
                                            "split": split, "step": int(step)}),
             output=traces.text(row), root_span_id=context.span_id,
@@ -50,6 +54,15 @@ def export_step(model: Any, groups: list[Any], split: str, step: int, row: dict[
             submit({"id": f"{trace_hex}-{name}", "traceId": trace_hex, "name": name, "value": value}, None, None)
         return trace_hex
     return None
+
+
+def run_session(model: Any) -> str | None:
+    """The session of a run's step traces: ``{project}/{name}`` (the run directory's two names)."""
+    name = getattr(model, "name", None)
+    if not name:
+        return None
+    project = getattr(model, "project", None)
+    return f"{project}/{name}" if project else str(name)
 
 
 def _number(value: Any) -> bool:
