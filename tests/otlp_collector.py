@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import re
 import struct
 import time
 import uuid
@@ -77,6 +78,8 @@ class OTLPCollector(LoopbackApp):
         self.expected_auth = "Basic " + base64.b64encode(f"{public_key}:{secret_key}".encode()).decode()
         self.spans: list[CollectedSpan] = []
         self.scores: list[dict[str, Any]] = []
+        self.score_problems: list[str] = []
+        """Why each refused score was refused (400, as Langfuse answers)."""
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.rejected: list[str] = []
         self.bodies: list[bytes] = []
@@ -198,6 +201,7 @@ class OTLPCollector(LoopbackApp):
         body = await request.json()
         problem = score_problem(body)
         if problem:
+            self.score_problems.append(problem)
             return JSONResponse({"message": problem}, status_code=400)
         self.scores.append({**body, "environment": body.get("environment", "default")})
         return JSONResponse({"id": body.get("id") or uuid.uuid4().hex})
@@ -210,17 +214,38 @@ class OTLPCollector(LoopbackApp):
 
 
 
+SCORE_FIELDS = frozenset({
+    "id", "traceId", "sessionId", "observationId", "datasetRunId", "name", "value", "comment", "metadata",
+    "environment", "queueId", "dataType", "configId", "source",
+})  # fmt: skip
+"""``CreateScoreRequest``'s properties (Langfuse's ``fern/apis/server/definition/scores.yml``)."""
+_ENVIRONMENT = re.compile(r"^(?!langfuse)[a-z0-9_-]+$")
+
+
 def score_problem(body: dict[str, Any]) -> str | None:
-    """Langfuse's ``PostScoresBody`` checks (``applyScoreValidation`` and the data types)."""
+    """Langfuse's ``PostScoresBody`` checks (``applyScoreValidation`` and the data types), and no
+    field outside ``CreateScoreRequest`` (zod would drop it silently: a misspelt field is lost)."""
+    unknown = sorted(set(body) - SCORE_FIELDS)
+    if unknown:
+        return f"not fields of CreateScoreRequest: {unknown}"
     if not body.get("name") or "value" not in body:
         return "name and value are required"
     targets = [k for k in ("traceId", "sessionId", "datasetRunId") if body.get(k)]
     if len(targets) != 1 or (body.get("observationId") and targets != ["traceId"]):
         return "Provide exactly one of traceId (with optional observationId), sessionId or datasetRunId"
-    if body.get("dataType") == "NUMERIC" and not isinstance(body["value"], (int, float)):
+    if any(not isinstance(body.get(k, ""), str) for k in ("id", "traceId", "sessionId", "observationId", "comment")):
+        return "ids and comment must be strings"
+    if body.get("dataType") not in (None, "NUMERIC", "CATEGORICAL", "BOOLEAN", "CORRECTION", "TEXT"):
+        return f"unknown dataType {body.get('dataType')!r}"
+    if body.get("dataType") == "NUMERIC" and (isinstance(body["value"], bool) or not isinstance(body["value"], (int, float))):
         return "NUMERIC scores need a number"
-    if not isinstance(body.get("environment", "default"), str):
-        return "environment must be a string"
+    if body.get("source") not in (None, "API", "ANNOTATION"):
+        return "source must be API or ANNOTATION"
+    if body.get("metadata") is not None and not isinstance(body["metadata"], (dict, list)):
+        return "metadata must be JSON"
+    environment = body.get("environment", "default")
+    if not isinstance(environment, str) or not _ENVIRONMENT.fullmatch(environment):
+        return "environment: lowercase letters, digits, '-' or '_', not starting with 'langfuse'"
     return None
 
 

@@ -92,8 +92,8 @@ async def test_rollout_reaches_langfuse_as_one_trace_with_langfuse_attributes(co
     collector.wait_for(lambda: any(s.get("traceId") == trace_id for s in collector.scores))
     (score,) = [s for s in collector.scores if s.get("traceId") == trace_id]
     assert score == {
-        "id": f"{trace_id}-reward", "traceId": trace_id, "name": "reward", "value": 0.75, "dataType": "NUMERIC",
-        "environment": "default",
+        "id": f"{trace_id}-reward", "traceId": trace_id, "observationId": root.span_id, "name": "reward", "value": 0.75,
+        "dataType": "NUMERIC", "environment": "default",
     }  # fmt: skip
     assert ti.capture_error_counts() == {}
 

@@ -16,6 +16,7 @@ import pytest
 from capture_helpers import LOOKUP_TOOL, openai_tool_agent
 from test_export_langfuse import collector, hosted, langfuse, react_agent, served, trainable  # noqa: F401 - fixtures
 
+import tracerl
 import tracerl.integrations as ti
 
 pytest.importorskip("langgraph")
@@ -80,3 +81,58 @@ async def test_a_runs_training_steps_share_a_session_environment_and_their_relea
         {("training step", "obs/agent", None, ("train", "agent"), "agent@6", "agent@6", "rl-test")},
     ]
     assert releases == {5: {"agent@5"}, 6: {"agent@6"}}  # the step's release is its rollouts' release
+
+
+def _observation_of(collector, score) -> object:
+    """The observation a score names (its ``observationId``, inside its ``traceId``)."""
+    (found,) = [o for o in collector.observations(score["traceId"]) if o.id == score["observationId"]]
+    return found
+
+
+async def test_scores_attach_to_the_observations_they_judge(served, collector, langfuse, tmp_path):
+    """``reward`` on the rollout's root, ``ruler`` / ``independent_reward`` on the trace's
+    ``evaluation`` observation, a step's metrics on the step's span; group scores on the
+    session alone (Langfuse refuses an ``observationId`` there); every field one of
+    ``CreateScoreRequest``'s, every score accepted."""
+    from ruler_judge_server import JudgeServer, by_content
+
+    from tracerl.ruler import JudgeEndpoint, RulerJudge
+
+    model = trainable(served, tmp_path, step=7)
+
+    async def attempt(question: str):
+        async with ti.rollout(model, task="judge me", split="train") as r:
+            await openai_tool_agent(model.openai_client(), question, model=model.get_inference_name())
+            r.reward = 1.0 if "good" in question else 0.25
+        return r.trajectory
+
+    with JudgeServer(by_content({"good": 1.0, "bad": 0.0})) as judge_server:
+        group = await tracerl.TrajectoryGroup(attempt(q) for q in ("good answer", "bad answer"))
+        scored = await RulerJudge(JudgeEndpoint(judge_server.base_url, "scripted-judge"), cache=False)(group)
+    await model.log([scored], split="train", step=7)
+    assert langfuse.force_flush()
+    session = scored.trajectories[0].metadata["group"]
+    names = {"reward", "ruler", "independent_reward"}
+    for t in scored.trajectories:
+        collector.wait_for(lambda: names <= {s["name"] for s in collector.scores if s.get("traceId") == t.trace_id})
+        collector.wait_for(lambda: sum(o.name.startswith("evaluation ") for o in collector.observations(t.trace_id)) >= 2)
+        by_name = {s["name"]: s for s in collector.scores if s.get("traceId") == t.trace_id}
+        root = _observation_of(collector, by_name["reward"])
+        assert root.parent_id is None and root.type == "agent"
+        for name in ("ruler", "independent_reward"):
+            evaluation = _observation_of(collector, by_name[name])
+            assert (evaluation.name, evaluation.type, evaluation.parent_id) == (f"evaluation {name}", "evaluator", root.id)
+        assert by_name["ruler"]["value"] == t.reward == (1.0 if "good" in t.messages()[1]["content"] else 0.0)
+        assert by_name["independent_reward"]["value"] == (1.0 if t.reward == 1.0 else 0.25)
+        assert by_name["ruler"]["comment"].startswith("scripted")
+    collector.wait_for(lambda: {"group_reward", "group_reward_std_dev"} <= {s["name"] for s in collector.scores if s.get("sessionId") == session})
+    group_scores = [s for s in collector.scores if s.get("sessionId") == session]
+    assert all("traceId" not in s and "observationId" not in s for s in group_scores)
+    assert {s["name"]: s["value"] for s in group_scores}["group_reward"] == 0.5  # RULER's 1.0 and 0.0
+    (step_trace,) = {o.trace_id for o in collector.observations() if o.trace_name == "training step" and o.version == "agent@7"}
+    collector.wait_for(lambda: any(s.get("traceId") == step_trace for s in collector.scores))
+    step_scores = [s for s in collector.scores if s.get("traceId") == step_trace]
+    assert {_observation_of(collector, s).name for s in step_scores} == {"step 7"}
+    mine = [s for s in collector.scores if s.get("traceId") in {t.trace_id for t in scored.trajectories} | {step_trace}]
+    assert all(s["observationId"] for s in mine) and {s["environment"] for s in mine + group_scores} == {"rl-test"}
+    assert collector.score_problems == []

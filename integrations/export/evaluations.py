@@ -29,8 +29,9 @@ JUDGE_TRACE_NAME = "ruler"
 JUDGED_TRACES = "tracerl.ruler.trace_ids"
 
 
-def evaluation_span(trace_id: int, name: str, value: float, comment: str | None, judge_trace_id: str | None) -> None:
-    """A short ``evaluation {name}`` span under the rollout's root (which has ended by now).
+def evaluation_span(trace_id: int, name: str, value: float, comment: str | None, judge_trace_id: str | None) -> int:
+    """A short ``evaluation {name}`` span under the rollout's root (which has ended by now);
+    returns its span id (the observation the score is attached to).
 
     A rollout from another process has no known root id: the span then hangs off the trace.
     """
@@ -52,6 +53,7 @@ def evaluation_span(trace_id: int, name: str, value: float, comment: str | None,
     span = get_tracer().start_span(f"evaluation {name}", context, attributes=attributes, links=links)
     span.add_event(EVALUATION_EVENT, attributes)
     span.end()
+    return span.get_span_context().span_id
 
 
 @contextlib.contextmanager

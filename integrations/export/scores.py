@@ -2,8 +2,11 @@
 
 For any OTLP backend a score is a ``gen_ai.evaluation.result`` event (on the rollout's root,
 or on a short ``evaluation {name}`` span under it, see ``evaluations.py``); for Langfuse it
-is also JSON to ``/api/public/scores`` (Langfuse's public API: exactly one of ``traceId``
-or ``sessionId``; ``environment`` = the destination's), sent from one background thread.
+is also JSON to ``/api/public/scores`` (Langfuse's ``CreateScoreRequest``: ``traceId`` with
+the ``observationId`` the score belongs to — the rollout's root for ``reward``, the
+``evaluation {name}`` observation for a judge's verdict, the step's span for a step metric —
+or ``sessionId`` alone for group scores; ``environment`` = the destination's), sent from
+one background thread.
 Score ids are ``{trace_id}-{name}`` / ``{session}-{name}`` and Langfuse upserts on id.
 Rewards are sent when a rollout ends, RULER scores when ``apply_scores`` runs, group
 scores when a group is scored or logged (hooks below); :func:`export_scores` sends later
@@ -108,7 +111,7 @@ def export_scores(items: T) -> T:
                 record_error("export_scores_no_trace", otlp.ExportError(f"trajectory {trajectory.id} has no trace_id"))
                 continue
             for name, value, comment, metadata in _scores_of(trajectory):
-                emit(trajectory.trace_id, name, value, comment, metadata)
+                emit(trajectory.trace_id, name, value, comment, metadata, on_root=name == "reward")
         for group in _groups(items):
             send_group_scores(group)
     except Exception as error:  # noqa: BLE001 - exporting must never break training
@@ -117,15 +120,25 @@ def export_scores(items: T) -> T:
 
 
 def emit(trace_hex: str, name: str, value: float, comment: str | None = None, metadata: dict[str, Any] | None = None,
-         *, evaluation_span: bool = True) -> None:  # fmt: skip
-    """One trace score, unless it is what was last sent for (trace, name): evaluation span + Langfuse score."""
+         *, evaluation_span: bool = True, on_root: bool = False) -> None:  # fmt: skip
+    """One trace score, unless it is what was last sent for (trace, name): evaluation span + Langfuse score.
+
+    The Langfuse score names the observation it belongs to: the rollout's root when
+    ``on_root`` and the root is known (a rollout of this process), else the evaluation span.
+    """
     if not _changed((trace_hex, name), value, comment):
         return
+    trace_id = int(trace_hex, 16)
+    info = traces.lookup(trace_id)
+    observation = info.root_span_id if info is not None and (on_root or not evaluation_span) else None
     if evaluation_span:
         from .evaluations import evaluation_span as make_span
 
-        make_span(int(trace_hex, 16), name, value, comment, (metadata or {}).get("judge_trace_id"))
+        made = make_span(trace_id, name, value, comment, (metadata or {}).get("judge_trace_id"))
+        observation = observation or made
     body: dict[str, Any] = {"id": f"{trace_hex}-{name}", "traceId": trace_hex, "name": name, "value": value}
+    if observation:
+        body["observationId"] = f"{observation:016x}"
     submit(body, comment, metadata)
 
 

@@ -51,7 +51,8 @@ def export_step(model: Any, groups: list[Any], split: str, step: int, row: dict[
         span.end()
         trace_hex = f"{context.trace_id:032x}"
         for name, value in metrics.items():
-            submit({"id": f"{trace_hex}-{name}", "traceId": trace_hex, "name": name, "value": value}, None, None)
+            body = {"id": f"{trace_hex}-{name}", "traceId": trace_hex, "observationId": f"{context.span_id:016x}"}
+            submit({**body, "name": name, "value": value}, None, None)
         return trace_hex
     return None
 
