@@ -16,7 +16,10 @@ then served with Langfuse's field names and pagination:
   inputs and outputs as JSON values).
 
 Faults on demand: ``rate_limit_requests`` (request numbers answered 429 with a
-``Retry-After``), ``hang_s`` (every read request stalls that long).
+``Retry-After``), ``hang_s`` (every read request stalls that long).  ``api_ids`` gives
+traces and observations the ids their senders chose, as traces sent through Langfuse's
+SDKs (v2) or its ingestion API keep them (any string; only OTel-ingested ones are hex):
+a function of the hex id.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import asyncio
 import base64
 import datetime as dt
 import json
-from typing import Any
+from typing import Any, Callable
+from urllib.parse import unquote
 
 from langfuse_mapping import observation
 from otlp_collector import CollectedSpan, OTLPCollector
@@ -35,20 +39,32 @@ from starlette.routing import Route
 
 
 
+TRACES_PATH = "/api/public/traces"
+
+
 class LangfuseAPIServer(OTLPCollector):
     """``with LangfuseAPIServer() as lf:`` then ``lf.url``; ``lf.reads`` lists each read request."""
 
     def __init__(self, *, v2: bool = True, rate_limit_requests: tuple[int, ...] = (), retry_after: str = "1",
-                 hang_s: float = 0.0, **keys: str) -> None:  # fmt: skip
+                 hang_s: float = 0.0, api_ids: Callable[[str], str] | None = None, **keys: str) -> None:  # fmt: skip
         super().__init__(**keys)
         self.v2, self.rate_limit_requests, self.retry_after, self.hang_s = v2, set(rate_limit_requests), retry_after, hang_s
         self.reads: list[tuple[str, dict[str, Any], int]] = []
+        self.api_id: Callable[[str], str] = api_ids or (lambda hex_id: hex_id)
+        self._hex_of: dict[str, str] = {}
+
+    def _api(self, hex_id: str | None) -> str | None:
+        if hex_id is None:
+            return None
+        api_id = self.api_id(hex_id)
+        self._hex_of[api_id] = hex_id
+        return api_id
 
     def routes(self) -> list[Any]:
         return [
             *super().routes(),
             Route("/api/public/traces", self._list_traces, methods=["GET"]),
-            Route("/api/public/traces/{trace_id}", self._get_trace, methods=["GET"]),
+            Route("/api/public/traces/{trace_id:path}", self._get_trace, methods=["GET"]),
             Route("/api/public/v2/observations", self._observations_v2, methods=["GET"]),
             Route("/api/public/observations", self._observations_v1, methods=["GET"]),
         ]
@@ -58,11 +74,13 @@ class LangfuseAPIServer(OTLPCollector):
         by_trace: dict[str, list[CollectedSpan]] = {}
         for span in self.spans:
             by_trace.setdefault(span.trace_id, []).append(span)
-        return sorted((trace_object(tid, spans) for tid, spans in by_trace.items()), key=lambda t: t["timestamp"])
+        return sorted((trace_object(tid, spans, self._api) for tid, spans in by_trace.items()), key=lambda t: t["timestamp"])
 
     def observation_objects(self, trace_id: str, *, raw_io: bool) -> list[dict[str, Any]]:
-        spans = sorted(self.trace(trace_id), key=lambda s: s.start_time)
-        return [observation_object(s, raw_io=raw_io) for s in spans]
+        """The observations of a trace, by its API id."""
+        self.trace_objects()  # every id known
+        spans = sorted(self.trace(self._hex_of.get(trace_id, trace_id)), key=lambda s: s.start_time)
+        return [observation_object(s, self._api, raw_io=raw_io) for s in spans]
 
     # -- endpoints -----------------------------------------------------------------------------------
     async def _read(self, request: Request) -> Response | None:
@@ -99,7 +117,10 @@ class LangfuseAPIServer(OTLPCollector):
     async def _get_trace(self, request: Request) -> Response:
         if (refused := await self._read(request)) is not None:
             return refused
-        found = [t for t in self.trace_objects() if t["id"] == request.path_params["trace_id"]]
+        segment = request.scope["raw_path"].decode().split(f"{TRACES_PATH}/", 1)[1]
+        if "/" in segment:  # Langfuse's route is one path segment: an id with "/" must come quoted
+            return JSONResponse({"message": "Not found"}, status_code=404)
+        found = [t for t in self.trace_objects() if t["id"] == unquote(segment)]
         if not found:
             return JSONResponse({"message": "Trace not found within authorized project"}, status_code=404)
         return JSONResponse({**found[0], "observations": self.observation_objects(found[0]["id"], raw_io=False)})
@@ -132,18 +153,18 @@ def _page(items: list[dict[str, Any]], q: Any) -> dict[str, Any]:
 
 
 # -- observations and traces as the public API returns them --------------------------------------------
-def observation_object(span: CollectedSpan, *, raw_io: bool) -> dict[str, Any]:
-    """One observation (Langfuse's mapping: ``langfuse_mapping``) with the API's field names."""
+def observation_object(span: CollectedSpan, api: Callable[[str | None], str | None], *, raw_io: bool) -> dict[str, Any]:
+    """One observation (Langfuse's mapping: ``langfuse_mapping``) with the API's field names and ids."""
     o = observation(span)
     a = span.attributes
     return {
-        "id": o.id,
-        "traceId": o.trace_id,
+        "id": api(o.id),
+        "traceId": api(o.trace_id),
         "type": o.type.upper(),
         "name": o.name,
         "startTime": _iso(span.start_time),
         "endTime": _iso(span.end_time),
-        "parentObservationId": o.parent_id,
+        "parentObservationId": api(o.parent_id),
         "level": a.get("langfuse.observation.level") or ("ERROR" if span.status_code == 2 else "DEFAULT"),
         "model": o.model,
         "input": _raw(o.input) if raw_io else _json_value(o.input),
@@ -154,7 +175,7 @@ def observation_object(span: CollectedSpan, *, raw_io: bool) -> dict[str, Any]:
     }
 
 
-def trace_object(trace_id: str, spans: list[CollectedSpan]) -> dict[str, Any]:
+def trace_object(trace_id: str, spans: list[CollectedSpan], api: Callable[[str | None], str | None]) -> dict[str, Any]:
     """A trace: its fields from the observations (every span carries them), input from the root."""
     ordered = sorted(spans, key=lambda s: s.start_time)
     root = next((s for s in ordered if s.parent_span_id is None), ordered[0])
@@ -165,7 +186,7 @@ def trace_object(trace_id: str, spans: list[CollectedSpan]) -> dict[str, Any]:
 
     top = observation(root)
     return {
-        "id": trace_id,
+        "id": api(trace_id),
         "timestamp": _iso(root.start_time),
         "name": first("trace_name") or root.name,
         "sessionId": first("session_id"),
@@ -174,7 +195,7 @@ def trace_object(trace_id: str, spans: list[CollectedSpan]) -> dict[str, Any]:
         "input": _json_value(top.trace_input),
         "output": _json_value(top.trace_output),
         "metadata": first("trace_metadata") or {},
-        "observations": [s.span_id for s in ordered],
+        "observations": [api(s.span_id) for s in ordered],
     }
 
 

@@ -26,6 +26,7 @@ import email.utils
 import os
 import time
 from typing import Any, Callable, Iterator
+from urllib.parse import quote
 
 import httpx
 
@@ -100,8 +101,9 @@ class LangfuseReader:
             yield item
 
     def trace(self, trace_id: str) -> dict[str, Any]:
-        """One trace by id."""
-        return self._get(f"{TRACES_PATH}/{trace_id}", {})
+        """One trace by id (any string: traces sent through Langfuse's SDKs or ingestion API
+        keep the ids their senders chose, ``/``, spaces and all, so the id is one path segment)."""
+        return self._get(f"{TRACES_PATH}/{quote(trace_id, safe='')}", {})
 
     def observations(self, trace_id: str) -> list[dict[str, Any]]:
         """Every observation of a trace (v2 endpoint, else the v1 one on older servers)."""

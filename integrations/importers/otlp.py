@@ -90,15 +90,22 @@ def _spans_of_json(data: bytes, path: Path) -> Iterator[ReadableSpan]:
 
 
 def _base64_ids(request: Any) -> Any:
-    """OTLP JSON writes trace and span ids in hex; protobuf's JSON parser wants base64."""
+    """Ids as protobuf's JSON parser wants them (base64), however the file spells them.
+
+    OTLP JSON (the Collector's file exporter) writes ids in hex, either case; files written
+    with protobuf's own JSON mapping (``MessageToJson``, some SDKs and tools) in base64,
+    standard or URL-safe, padded or not, which the parser reads as it is.  Lengths tell them
+    apart: hex ids are 32 / 16 characters, base64 ones 22-24 / 11-12.  A 64-bit trace id in
+    hex (16 characters, from Zipkin or Jaeger) is widened to 128 bits as they do.
+    """
     for resource_spans in request.get("resourceSpans") or []:
         for scope_spans in resource_spans.get("scopeSpans") or []:
             for span in scope_spans.get("spans") or []:
                 for holder in [span, *(span.get("links") or [])]:
-                    for key, size in (("traceId", 32), ("spanId", 16), ("parentSpanId", 16)):
+                    for key, sizes in (("traceId", (32, 16)), ("spanId", (16,)), ("parentSpanId", (16,))):
                         value = holder.get(key)
-                        if isinstance(value, str) and len(value) == size and _is_hex(value):
-                            holder[key] = base64.b64encode(bytes.fromhex(value)).decode()
+                        if isinstance(value, str) and len(value) in sizes and _is_hex(value):
+                            holder[key] = base64.b64encode(bytes.fromhex(value.rjust(sizes[0], "0"))).decode()
     return request
 
 
