@@ -3,7 +3,8 @@
 ``instrument()`` hooks the OpenAI SDK, LiteLLM, LangChain/LangGraph and the MCP client
 (those installed); ``async with rollout(model, task=...) as r:`` scopes one attempt and
 leaves ``r.trajectory``.  ``export_to_langfuse()`` / ``export_to_otlp(url)`` also send
-the spans, rewards and RULER scores to an observability backend.  Importing this package
+the spans, rewards and RULER scores to an observability backend; an exporter of your own
+wrapped in ``OutboundSpanExporter`` gets the spans as they do (redacted, full inputs).  Importing this package
 stays light: hooks and exporters import their library only when enabled.
 """
 
@@ -16,12 +17,14 @@ from .export import export_scores, export_to_langfuse, export_to_otlp
 from .health import error_counts as capture_error_counts
 from .health import reset_error_counts
 from .instrument import instrument, uninstrument
+from .outbound import OutboundSpanExporter
 from .processor import CaptureProcessor, TokenRecord, get_tracer_provider
 from .processor import configure as configure_tracing
 from .rollout import Rollout, current_rollout, rollout, trajectory, trajectory_group
 
 __all__ = [
     "CaptureProcessor",
+    "OutboundSpanExporter",
     "Rollout",
     "TokenRecord",
     "capture_error_counts",

@@ -1,12 +1,18 @@
 """What leaves the process: spans redacted and with full chat inputs; trajectories redacted.
 
 :class:`OutboundSpanExporter` wraps the exporter of every destination tracerl exports to
-(``export_to_otlp`` / ``export_to_langfuse``; it works around any ``SpanExporter``).  On the
-export thread, for each span of a batch (tracerl's, OpenInference's, the MCP SDK's, anyone's):
+(``export_to_otlp`` / ``export_to_langfuse``), and is public so that an exporter the user
+attaches to the same provider gets the same treatment (it wraps any ``SpanExporter``).  On
+the export thread, for each span of a batch (tracerl's, OpenInference's, the MCP SDK's, anyone's):
 
-1. a chat span whose input capture stored as a delta (:mod:`.input_delta`) gets its full
-   ``gen_ai.input.messages`` back, so each generation shows its whole input;
-2. attributes, event attributes (``exception.message`` / ``exception.stacktrace`` included),
+1. tracerl's internal spans are dropped: the HTTP client spans an instrumentation (httpx,
+   requests...) records of tracerl's own traffic to the places it exports to (Langfuse's
+   ingestion and score API, OTLP endpoints: :func:`mark_internal_url`).  tracerl sends that
+   traffic with instrumentation suppressed; this catches instrumentations that ignore it;
+2. a chat span whose input capture stored as a delta (:mod:`.input_delta`) gets its full
+   ``gen_ai.input.messages`` back, so each generation shows its whole input (without the
+   wrapper an exporter sees only the messages each call added);
+3. attributes, event attributes (``exception.message`` / ``exception.stacktrace`` included),
    link attributes, the status description and the name pass through :func:`tracerl.redact.redact`.
 
 Expanded inputs are transient: a batch is handed on in slices of at most
@@ -34,15 +40,45 @@ MAX_BATCH_CHARS = 8_000_000
 _DELTA_KEYS = (sc.INPUT_BASE_SPAN_ID, sc.INPUT_PREFIX_LENGTH)
 
 
-class OutboundSpanExporter(SpanExporter):
-    """``SpanExporter`` wrapper: full chat inputs, credentials redacted, bounded slices (see module doc)."""
+_internal_urls: set[str] = set()
+_URL_KEYS = ("url.full", "http.url")  # HTTP semconv: current name, then the older one
 
-    def __init__(self, inner: SpanExporter, *, max_batch_chars: int = MAX_BATCH_CHARS) -> None:
+
+def mark_internal_url(prefix: str) -> None:
+    """Requests to URLs starting with ``prefix`` are tracerl's own traffic (their spans are internal)."""
+    _internal_urls.add(prefix)
+
+
+def is_internal_span(span: ReadableSpan) -> bool:
+    """An HTTP client span of tracerl's own traffic to an export destination (see :func:`mark_internal_url`)."""
+    attributes = span.attributes or {}
+    url = next((attributes[k] for k in _URL_KEYS if isinstance(attributes.get(k), str)), None)
+    return url is not None and any(url.startswith(prefix) for prefix in tuple(_internal_urls))
+
+
+class OutboundSpanExporter(SpanExporter):
+    """Wrap your own ``SpanExporter`` in this to send tracerl's spans the way tracerl's exporters do.
+
+    Attaching an exporter of your own to the provider tracerl captures on (``BatchSpanProcessor
+    (OutboundSpanExporter(ConsoleSpanExporter()))``) makes it receive every span, credentials
+    included wherever an instrumentation recorded them, and chat inputs as deltas; wrapped, it
+    gets what Langfuse and OTLP destinations get: tracerl's internal spans dropped, full chat
+    inputs, everything redacted (:func:`tracerl.redact.redact`; register your own secrets with
+    :func:`tracerl.redact.register_secret`), in slices of at most ``max_batch_chars``
+    characters of expanded input (memory stays bounded).  ``keep_internal=True`` keeps the
+    internal spans.  Spans are copies: the originals, and other processors, are untouched.
+    """
+
+    def __init__(self, inner: SpanExporter, *, max_batch_chars: int = MAX_BATCH_CHARS, keep_internal: bool = False) -> None:
         self.inner = inner
         self.max_batch_chars = max_batch_chars
+        self.keep_internal = keep_internal
+        self.dropped_internal = 0
+        """Internal spans dropped so far."""
         self.expander = InputExpander(redact_text)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Hand the spans on, cleaned, slice by slice; FAILURE when the inner exporter failed any slice."""
         result = SpanExportResult.SUCCESS
         for part in self._slices(spans):
             if self.inner.export(part) is not SpanExportResult.SUCCESS:
@@ -53,6 +89,9 @@ class OutboundSpanExporter(SpanExporter):
         part: list[ReadableSpan] = []
         size = 0
         for span in spans:
+            if not self.keep_internal and is_internal_span(span):
+                self.dropped_internal += 1
+                continue
             clean, chars = self._outbound(span)
             if part and size + chars > self.max_batch_chars:
                 yield part

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
+from ..outbound import mark_internal_url
 from . import langfuse, otlp
 from .langfuse import langfuse_attributes, langfuse_span_filter
 from .otlp import ExportError, export_to_otlp
@@ -53,6 +54,7 @@ def export_to_langfuse(
     """
     host = host or os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or langfuse.DEFAULT_HOST
     host = otlp.check_url(host.rstrip("/"), "Langfuse host")
+    mark_internal_url(host + "/api/public/")  # scores, key check: tracerl's own traffic
     headers = langfuse.auth_headers(public_key, secret_key)
     where = langfuse.destination(environment, release, prices)
     if check:

@@ -235,10 +235,17 @@ def auth_headers(public_key: str | None, secret_key: str | None) -> dict[str, st
 
 
 def check_keys(host: str, headers: Mapping[str, str], timeout_s: float) -> None:
+    from opentelemetry import context
+
+    from tracerl.untraced import suppressed_context
+
+    token = context.attach(suppressed_context())  # tracerl's own request: no span in the user's trace
     try:
         response = httpx.get(host + "/api/public/projects", headers=dict(headers), timeout=timeout_s)
     except httpx.HTTPError as error:
         raise ConfigError(f"cannot reach Langfuse at {host}: {error!r}") from error
+    finally:
+        context.detach(token)
     if response.status_code in (401, 403):
         raise ConfigError(f"Langfuse at {host} rejected the keys ({response.status_code}): check public_key/secret_key")
     if response.status_code >= 400:

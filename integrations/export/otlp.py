@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from tracerl.errors import ConfigError, TracerlError
 
 from ..health import record_error
-from ..outbound import OutboundSpanExporter
+from ..outbound import OutboundSpanExporter, mark_internal_url
 from ..processor import get_tracer_provider
 from .langfuse import Destination, is_sdk_span, langfuse_view, share_with_sdk, unshare_with_sdk
 
@@ -120,6 +120,7 @@ def attach(
     except ImportError as error:
         raise ConfigError("exporting needs opentelemetry-exporter-otlp-proto-http: install tracerl[langfuse]") from error
     provider = provider or get_tracer_provider()
+    mark_internal_url(endpoint)
     with _lock:
         processor = _active.get((id(provider), endpoint))
         if processor is None:

@@ -54,6 +54,11 @@ class ScoreSender:
             record_error("langfuse_scores_dropped", otlp.ExportError(f"score queue full; dropped score {body['name']}"))
 
     def _run(self) -> None:
+        from opentelemetry import context
+
+        from tracerl.untraced import suppressed_context
+
+        context.attach(suppressed_context())  # this thread's requests are tracerl's own: never spans
         while (body := self._queue.get()) is not None:
             self._post(body)
             self._queue.task_done()

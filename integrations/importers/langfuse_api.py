@@ -29,8 +29,12 @@ from typing import Any, Callable, Iterator
 from urllib.parse import quote
 
 import httpx
+from opentelemetry import context
 
 from tracerl.errors import ConfigError
+from tracerl.untraced import suppressed_context
+
+from ..outbound import mark_internal_url
 
 from .errors import TraceSourceError
 
@@ -62,6 +66,7 @@ class LangfuseReader:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.host = _host(host)
+        mark_internal_url(self.host + "/api/public/")
         public_key = public_key or os.environ.get("LANGFUSE_PUBLIC_KEY")
         secret_key = secret_key or os.environ.get("LANGFUSE_SECRET_KEY")
         if not public_key or not secret_key:
@@ -156,6 +161,7 @@ class LangfuseReader:
         url = f"{self.host}{path}"
         for attempt in range(self.max_retries + 1):
             self.requests += 1
+            token = context.attach(suppressed_context())  # tracerl's own reads: never spans in the user's traces
             try:
                 response = self._client.get(path, params=params)
             except httpx.HTTPError as error:  # timeouts, refused or dropped connections
@@ -163,6 +169,8 @@ class LangfuseReader:
                     raise TraceSourceError(f"Langfuse at {url} failed {attempt + 1} times: {error!r}") from error
                 self._wait(self._backoff(attempt))
                 continue
+            finally:
+                context.detach(token)
             if response.status_code in _RETRIED and attempt < self.max_retries:
                 self._wait(self._retry_after(response) or self._backoff(attempt))
                 continue
