@@ -136,3 +136,37 @@ async def test_scores_attach_to_the_observations_they_judge(served, collector, l
     mine = [s for s in collector.scores if s.get("traceId") in {t.trace_id for t in scored.trajectories} | {step_trace}]
     assert all(s["observationId"] for s in mine) and {s["environment"] for s in mine + group_scores} == {"rl-test"}
     assert collector.score_problems == []
+
+
+async def test_acceptance_react_agent_in_langfuse(hosted, collector, langfuse):
+    """Issue 10's first acceptance line at once: a LangGraph ReAct agent with one tool against a
+    model stand-in: generations = model requests, summed usage = what the server reported, the
+    graph's nodes nested (rollout > graph > node > ... > generation; tool under the tools node),
+    and every observation carrying the trace name and the session."""
+    agent = react_agent(hosted.base_url)
+    first = len(hosted.responses)
+    async with ti.rollout(task="acceptance", group="g-acceptance", name="react-acceptance") as r:
+        await agent.ainvoke({"messages": [("user", "acceptance")]})
+    assert langfuse.force_flush()
+    responses = hosted.responses[first:]
+    trace_id = r.trajectory.trace_id
+    observations = {o.id: o for o in collector.observations(trace_id)}
+
+    def path(o) -> list[tuple[str, str]]:
+        out = []
+        while o.parent_id in observations:
+            o = observations[o.parent_id]
+            out.append((o.name, o.type))
+        return out[::-1]
+
+    generations = [o for o in observations.values() if o.type == "generation"]
+    assert len(generations) == len(responses) == 2
+    usage = collector.summed_usage(trace_id)
+    assert usage["input"] == sum(x["usage"]["prompt_tokens"] for x in responses)
+    assert usage["output"] == sum(x["usage"]["completion_tokens"] for x in responses)
+    for generation in generations:  # LangChain's own chat run is a plain span above the call closest to the wire
+        assert path(generation) == [("react-acceptance", "agent"), ("LangGraph", "chain"), ("agent", "agent"),
+                                    ("RunnableSequence", "chain"), ("chat gpt-4o-mini", "span")]  # fmt: skip
+    [tool] = [o for o in observations.values() if o.type == "tool"]
+    assert tool.name == "lookup" and path(tool) == [("react-acceptance", "agent"), ("LangGraph", "chain"), ("tools", "chain")]
+    assert {(o.trace_name, o.session_id) for o in observations.values()} == {("react-acceptance", "g-acceptance")}
