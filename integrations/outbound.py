@@ -6,9 +6,11 @@ attaches to the same provider gets the same treatment (it wraps any ``SpanExport
 the export thread, for each span of a batch (tracerl's, OpenInference's, the MCP SDK's, anyone's):
 
 1. tracerl's internal spans are dropped: the HTTP client spans an instrumentation (httpx,
-   requests...) records of tracerl's own traffic to the places it exports to (Langfuse's
-   ingestion and score API, OTLP endpoints: :func:`mark_internal_url`).  tracerl sends that
-   traffic with instrumentation suppressed; this catches instrumentations that ignore it;
+   requests...) records of requests to the endpoints tracerl itself sends to — the OTLP
+   endpoints it exports to, Langfuse's ingestion, score and key-check endpoints, the read
+   endpoints an import uses (:func:`mark_internal_url`), by URL, whoever sent them.  tracerl
+   sends that traffic with instrumentation suppressed; this catches instrumentations that
+   ignore the suppression, and exporters of other libraries instrumented the same way;
 2. a chat span whose input capture stored as a delta (:mod:`.input_delta`) gets its full
    ``gen_ai.input.messages`` back, so each generation shows its whole input (without the
    wrapper an exporter sees only the messages each call added);

@@ -79,8 +79,12 @@ async def test_a_users_own_exporter_wrapped_gets_no_secret_full_inputs_and_no_in
                                  {"role": "tool", "tool_call_id": call.id, "content": f"found {SECRET}"}]  # fmt: skip
                     await client.chat.completions.create(model="m", messages=messages, tools=tools)
                     r.reward = 1.0
-                httpx.get(collector.url + "/api/public/projects", auth=(PK, SK))  # the user's own call to Langfuse
-                httpx.get(server.base_url + "/models")  # and to anywhere else
+                # a score POST as tracerl sends it, from a thread whose instrumentation is not
+                # suppressed (what an instrumentation that ignores the suppression records) ...
+                score = {"traceId": r.trajectory.trace_id, "name": "by hand", "value": 1.0, "dataType": "NUMERIC"}
+                httpx.post(collector.url + "/api/public/scores", json=score, auth=(PK, SK))
+                httpx.get(collector.url + "/api/public/v2/prompts/support")  # ... and the user's other calls
+                httpx.get(server.base_url + "/models")
                 assert processor.force_flush()
                 collector.wait_for(lambda: any(s.get("traceId") == r.trajectory.trace_id for s in collector.scores))
             finally:
@@ -93,18 +97,18 @@ async def test_a_users_own_exporter_wrapped_gets_no_secret_full_inputs_and_no_in
     # what the wrapper is for: the bare exporter gets the secret, a delta input, the request to Langfuse
     assert any(SECRET in _text(s) for s in seen_bare)
     assert sc.INPUT_BASE_SPAN_ID in chats(seen_bare)[1].attributes
-    assert any(u.startswith(collector.url + "/api/public/projects") for u in _urls(seen_bare))
-    # tracerl's own traffic (the score POST) never became a span, wrapped or not
-    assert not [u for u in _urls(seen_bare) if "/api/public/scores" in u or "/api/public/otel" in u]
+    assert [u for u in _urls(seen_bare) if u.startswith(collector.url)] == [
+        collector.url + "/api/public/scores", collector.url + "/api/public/v2/prompts/support"
+    ]  # tracerl's own score POST (the reward) and export requests never became spans: sent suppressed
     # wrapped: no secret anywhere, the second call's whole input, no internal span; the rest all there
     assert not [s.name for s in seen_wrapped if SECRET in _text(s)]
     second = chats(seen_wrapped)[1]
     assert sc.INPUT_BASE_SPAN_ID not in second.attributes
     assert [m["role"] for m in json.loads(second.attributes[sc.INPUT_MESSAGES])] == ["user", "assistant", "tool"]
-    assert not [u for u in _urls(seen_wrapped) if u.startswith(collector.url)]
+    assert [u for u in _urls(seen_wrapped) if u.startswith(collector.url)] == [collector.url + "/api/public/v2/prompts/support"]
     assert outbound.dropped_internal == 1
     assert {s.context.span_id for s in seen_wrapped} == {s.context.span_id for s in seen_bare} - {
-        s.context.span_id for s in seen_bare if any(u.startswith(collector.url) for u in _urls([s]))
+        s.context.span_id for s in seen_bare if _urls([s]) == [collector.url + "/api/public/scores"]
     }
     assert any(s.context.trace_id == trace_id and s.parent is None for s in seen_wrapped)
     assert any(u.startswith(server.base_url) for u in _urls(seen_wrapped))  # the user's other HTTP calls stay

@@ -54,7 +54,8 @@ def export_to_langfuse(
     """
     host = host or os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or langfuse.DEFAULT_HOST
     host = otlp.check_url(host.rstrip("/"), "Langfuse host")
-    mark_internal_url(host + "/api/public/")  # scores, key check: tracerl's own traffic
+    for path in (langfuse.SCORES_PATH, langfuse.PROJECTS_PATH):  # tracerl's own traffic (OTEL_PATH: in attach)
+        mark_internal_url(host + path)
     headers = langfuse.auth_headers(public_key, secret_key)
     where = langfuse.destination(environment, release, prices)
     if check:

@@ -42,6 +42,7 @@ from .traces import TraceInfo
 
 OTEL_PATH = "/api/public/otel/v1/traces"
 SCORES_PATH = "/api/public/scores"
+PROJECTS_PATH = "/api/public/projects"
 DEFAULT_HOST = "https://cloud.langfuse.com"
 OBSERVATION_TYPE = "langfuse.observation.type"
 ENVIRONMENT = "langfuse.environment"
@@ -241,7 +242,7 @@ def check_keys(host: str, headers: Mapping[str, str], timeout_s: float) -> None:
 
     token = context.attach(suppressed_context())  # tracerl's own request: no span in the user's trace
     try:
-        response = httpx.get(host + "/api/public/projects", headers=dict(headers), timeout=timeout_s)
+        response = httpx.get(host + PROJECTS_PATH, headers=dict(headers), timeout=timeout_s)
     except httpx.HTTPError as error:
         raise ConfigError(f"cannot reach Langfuse at {host}: {error!r}") from error
     finally:

@@ -66,7 +66,8 @@ class LangfuseReader:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.host = _host(host)
-        mark_internal_url(self.host + "/api/public/")
+        for path in (TRACES_PATH, OBSERVATIONS_V2_PATH, OBSERVATIONS_V1_PATH):  # tracerl's own reads
+            mark_internal_url(self.host + path)
         public_key = public_key or os.environ.get("LANGFUSE_PUBLIC_KEY")
         secret_key = secret_key or os.environ.get("LANGFUSE_SECRET_KEY")
         if not public_key or not secret_key:
