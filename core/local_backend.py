@@ -24,6 +24,7 @@ from .errors import CheckpointError, ConfigError, NonFiniteError, TrajectoryErro
 from .model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
 from .run_lock import RunLock
 from .storage import TRAIN_SPLIT, RunDir, atomic_dir
+from .sampled_turns import check_sampled_turns
 from .tokenization import TokenizeStats, TrainingSequence, tokenize_trajectory
 from .types import TrainResult, TrajectoryGroup
 from .validation import check_groups, check_train_arguments, describe_group, describe_trajectory
@@ -204,7 +205,8 @@ class LocalBackend:
         """One GRPO step on ``trajectory_groups``; returns the new step, metrics and checkpoint path.
 
         Arguments and every number of every trajectory are checked before any model is loaded
-        (``ConfigError`` / ``TrajectoryError``).  Zero-variance groups are skipped; if none is
+        (``ConfigError`` / ``TrajectoryError``; a call where no trajectory has a sampled turn is a
+        ``TrajectoryError`` that names them and the likely cause).  Zero-variance groups are skipped; if none is
         trainable the step still advances and the previous adapter is copied.  A non-finite
         loss, gradient or update raises :class:`NonFiniteError` with nothing changed, or with
         ``on_non_finite="skip"`` is logged and advances like a step without trainable groups
@@ -225,8 +227,9 @@ class LocalBackend:
             allow_retokenize=allow_retokenize,
             on_non_finite=on_non_finite,
         )
-        state = self._writable(model)
         groups = list(trajectory_groups)
+        without_sampled_turns = check_sampled_turns(groups)  # none at all: raises, naming them and why
+        state = self._writable(model)
         check_groups(groups, vocab_size=_embedding_rows(state.model_path))
         from .trainer import StepConfig  # torch: only once everything is known to be sane
 
@@ -234,6 +237,7 @@ class LocalBackend:
         started = time.monotonic()
         step = (state.run_dir.latest_step() or 0) + 1
         sequences, metrics = self._prepare(state, groups, scale_rewards, allow_retokenize)
+        metrics["trajectories_without_sampled_turns"] = float(without_sampled_turns)
         final = state.run_dir.checkpoint_path(step)
         trainer = None
         if sequences and await self._step_or_skip(state, sequences, config, metrics, on_non_finite):

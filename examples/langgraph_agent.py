@@ -1,11 +1,12 @@
-"""A LangGraph ReAct agent with two tools, captured by tracerl and trained for a step.
+"""A LangChain 1.x agent (a LangGraph graph) with two tools, captured by tracerl and trained for a step.
 
     python examples/langgraph_agent.py                    # SmolLM2-135M on this CPU: collect + 1 GRPO step
     python examples/langgraph_agent.py --base-url URL     # capture only, against a tracerl-served endpoint
 
-The agent is ordinary LangGraph code (``create_react_agent`` + ``ChatOpenAI`` + ``@tool``):
-``build_agent`` knows nothing about tracerl.  Wrapping each run in a rollout is all the
-capture needs; ``ChatOpenAI`` pointed at the tracerl endpoint gets exact token ids.
+The agent is ordinary LangChain 1.x code (``langchain.agents.create_agent`` + ``ChatOpenAI`` +
+``@tool``; the graph it builds is a LangGraph ``StateGraph``): ``build_agent`` knows nothing
+about tracerl.  Running each attempt in a rollout is all the capture needs (entering one
+turns the hooks on); ``ChatOpenAI`` pointed at the tracerl endpoint gets exact token ids.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import warnings
 from typing import Any
 
 import tracerl
@@ -44,10 +44,10 @@ def few_shot() -> list[Any]:
     return messages
 
 
-# -- the agent: plain LangGraph ---------------------------------------------------------------
+# -- the agent: plain LangChain / LangGraph -----------------------------------------------------
 def build_agent(llm: Any) -> Any:
+    from langchain.agents import create_agent
     from langchain_core.tools import tool
-    from langgraph.prebuilt import create_react_agent
 
     @tool
     def add(a: int, b: int) -> int:
@@ -59,9 +59,7 @@ def build_agent(llm: Any) -> Any:
         """Multiply two integers."""
         return int(a) * int(b)
 
-    with warnings.catch_warnings():  # create_react_agent is deprecated in favour of langchain.agents.create_agent
-        warnings.simplefilter("ignore")
-        return create_react_agent(llm, [add, multiply], prompt=SYSTEM)
+    return create_agent(llm, [add, multiply], system_prompt=SYSTEM)
 
 
 def chat_model(base_url: str, model_name: str, *, max_tokens: int = 48) -> Any:
@@ -81,7 +79,6 @@ def reward(trajectory: tracerl.Trajectory, expected: int) -> float:
 
 async def collect(agent: Any, model: tracerl.Model, *, rollouts_per_question: int = 2, recursion_limit: int = 6) -> list[tracerl.TrajectoryGroup]:
     """One group per question, each attempt a captured rollout of the unchanged graph."""
-    ti.instrument("openai", "langchain")
     groups = []
     for question, expected in QUESTIONS:
 

@@ -1,8 +1,10 @@
 """Capture: agents run unchanged; OpenTelemetry spans become trajectories.
 
-``instrument()`` hooks the OpenAI SDK, LiteLLM, LangChain/LangGraph and the MCP client
-(those installed); ``async with rollout(model, task=...) as r:`` scopes one attempt and
-leaves ``r.trajectory``.  ``export_to_langfuse()`` / ``export_to_otlp(url)`` also send
+``async with rollout(model, task=...) as r:`` scopes one attempt and leaves
+``r.trajectory``; entering it hooks the OpenAI SDK, LiteLLM, LangChain/LangGraph and the MCP
+client (those installed; ``instrument()`` does it explicitly, e.g. to pick the tracer
+provider), and a rollout that sent model requests it did not capture raises a
+:class:`CaptureWarning` with the likely cause.  ``export_to_langfuse()`` / ``export_to_otlp(url)`` also send
 the spans, rewards and RULER scores to an observability backend; an exporter of your own
 wrapped in ``OutboundSpanExporter`` gets the spans as they do (redacted, full inputs).  Importing this package
 stays light: hooks and exporters import their library only when enabled.
@@ -17,6 +19,7 @@ from .export import export_scores, export_to_langfuse, export_to_otlp
 from .health import error_counts as capture_error_counts
 from .health import reset_error_counts
 from .instrument import instrument, uninstrument
+from .missed import CaptureWarning
 from .outbound import OutboundSpanExporter
 from .processor import CaptureProcessor, TokenRecord, get_tracer_provider
 from .processor import configure as configure_tracing
@@ -24,6 +27,7 @@ from .rollout import Rollout, current_rollout, rollout, trajectory, trajectory_g
 
 __all__ = [
     "CaptureProcessor",
+    "CaptureWarning",
     "OutboundSpanExporter",
     "Rollout",
     "TokenRecord",

@@ -37,3 +37,11 @@ def is_tracerl_endpoint(base_url: object) -> bool:
     if not _endpoints or base_url is None:
         return False
     return _normalize(str(base_url)) in _endpoints
+
+
+def is_tracerl_url(url: object) -> bool:
+    """Whether a request URL (``.../v1/chat/completions``) goes to a tracerl-served endpoint."""
+    text = str(url).strip()
+    is_tracerl_endpoint(None)  # loads TRACERL_ENDPOINTS once
+    with _lock:
+        return any(text == e or text.startswith(e + "/") for e in _endpoints)

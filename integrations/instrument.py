@@ -1,4 +1,7 @@
-"""Turn on every hook whose library is installed (idempotent); each hook also works alone."""
+"""Turn on every hook whose library is installed (idempotent); each hook also works alone.
+
+Rollouts turn these hooks on by themselves (:mod:`.auto`); calling this explicitly picks the
+tracer provider, and turns back on a hook that ``uninstrument`` turned off."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import importlib
 import importlib.util
 from typing import Any
 
+from . import auto
 from .processor import configure
 
 _HOOKS = {
@@ -24,21 +28,26 @@ def instrument(*hooks: str, tracer_provider: Any = None) -> list[str]:
     """
     configure(tracer_provider)
     names = hooks or tuple(_HOOKS)
-    active = []
     for name in names:
         if name not in _HOOKS:
             raise ValueError(f"unknown hook {name!r}; known: {sorted(_HOOKS)}")
-        library, module = _HOOKS[name]
-        if importlib.util.find_spec(library) is None:
-            continue
-        if importlib.import_module(module, __package__).instrument():
+    active = []
+    for name in names:
+        auto.note_instrumented(name)
+        if importlib.util.find_spec(_HOOKS[name][0]) is not None and enable(name):
             active.append(name)
     return active
 
 
+def enable(name: str) -> bool:
+    """Turn on one hook whose library is installed; False when the library is missing."""
+    return bool(importlib.import_module(_HOOKS[name][1], __package__).instrument())
+
+
 def uninstrument(*hooks: str) -> None:
-    """Undo :func:`instrument` for the named hooks (default: all)."""
+    """Undo :func:`instrument` for the named hooks (default: all); rollouts no longer turn them on."""
     for name in hooks or tuple(_HOOKS):
+        auto.note_uninstrumented(name)
         library, module = _HOOKS[name]
         if importlib.util.find_spec(library) is None:
             continue

@@ -8,7 +8,7 @@ What Langfuse's ``langfuse.langchain.CallbackHandler`` does, and so what we do:
   tree, not whatever span happens to be current), a root run under the current span;
 * the name is the run's name: the ``name`` keyword, else ``serialized["name"]``, else
   the last part of ``serialized["id"]``, else ``<unknown>`` (so a LangGraph graph is
-  ``LangGraph``, a node its node name, ``create_react_agent``'s nodes ``agent`` and
+  ``LangGraph``, a node its node name, ``create_agent``'s nodes ``model`` and
   ``tools``; parallel branches are sibling spans, each in its own asyncio task);
 * the type is ``chain``, or ``agent`` when the run's class path or name contains
   "agent", or ``retriever`` / ``tool`` / ``generation`` for those callbacks;

@@ -14,6 +14,11 @@ original error), even when the agent swallowed it and carried on, so the attempt
 in ``group.exceptions`` and is never trained on (see :mod:`.faults`; a retry that
 succeeded forgives it).  ``raise_infrastructure_errors=False`` keeps the trajectory
 instead, with the failures in ``metadata["infrastructure_errors"]``.
+
+Capture needs no call before the first rollout: entering one turns on the hooks of the
+installed libraries (:mod:`.auto`; ``auto_instrument=False`` or ``TRACERL_AUTO_INSTRUMENT=0``
+opts out), and a rollout whose code sent model requests that capture did not see warns
+with the likely cause (:mod:`.missed`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from tracerl.gather import bounded
 from tracerl.types import Trajectory, TrajectoryGroup, current_group_id
 from tracerl.validation import finite_reward
 
-from . import semconv
+from . import auto, semconv, wire
 from .health import guard
 from .deferred import PendingSpans
 from .outbound import redact_trajectory
@@ -75,8 +80,11 @@ class Rollout:
         tags: Iterable[str] = (),
         user_id: str | None = None,
         raise_infrastructure_errors: bool = True,
+        auto_instrument: bool = True,
     ) -> None:
         self.model = model
+        self.auto_instrument = auto_instrument
+        """Turn on the installed libraries' capture hooks when entered (see :mod:`.auto`)."""
         self.raise_infrastructure_errors = raise_infrastructure_errors
         """Raise a typed error at exit when an infrastructure failure was noticed (see the module doc)."""
         self.task = task
@@ -100,6 +108,10 @@ class Rollout:
         """Model-call spans recorded cheaply during the rollout, made real when it ends."""
         self.faults: FaultLog | None = None
         """Infrastructure failures the hooks noticed (and no retry made good); None while there are none."""
+        self.seen_requests = wire.SeenRequests()
+        """Model requests this rollout's code sent on the wire, captured or not (see :mod:`.wire`)."""
+        self.outside_mark = 0
+        """Where the list of model requests sent outside every rollout stood when this one started."""
 
     @property
     def reward(self) -> float:
@@ -116,6 +128,11 @@ class Rollout:
         if self._span is not None:
             raise RuntimeError("a Rollout object can be entered once; create a new one per attempt")
         with guard("rollout_start"):
+            if self.auto_instrument:
+                auto.ensure_instrumented()
+            if auto.env_allows():
+                wire.watch()
+            self.outside_mark = wire.mark()
             _note_model_endpoint(self.model)
             attributes = {semconv.ROLLOUT_ID: self.id, semconv.OPERATION_NAME: semconv.OP_INVOKE_AGENT}
             if self.task is not None:
@@ -163,6 +180,10 @@ class Rollout:
             trajectory = Trajectory(messages_and_choices=[], logs=["tracerl capture failed for this rollout"])
             trajectory.metrics["capture_failed"] = 1
         self._finish(trajectory)
+        with guard("rollout_missed_check"):
+            from .missed import check
+
+            check(self, trajectory)
         if self.faults:
             trajectory.metadata["infrastructure_errors"] = self.faults.to_json()
             trajectory.metrics["infrastructure_errors"] = len(self.faults.failures)
@@ -226,7 +247,7 @@ class Rollout:
         template = dict(
             model=self.model, task=self.task, group=self._given_group, metadata=self.metadata, split=self.split,
             tags=self.tags, user_id=self.user_id, name=self._given_name or getattr(fn, "__name__", None),
-            raise_infrastructure_errors=self.raise_infrastructure_errors,
+            raise_infrastructure_errors=self.raise_infrastructure_errors, auto_instrument=self.auto_instrument,
         )  # fmt: skip
         if inspect.iscoroutinefunction(fn):
 
@@ -266,15 +287,18 @@ def rollout(
     tags: Iterable[str] = (),
     user_id: str | None = None,
     raise_infrastructure_errors: bool = True,
+    auto_instrument: bool = True,
 ) -> Rollout:
     """Open a rollout scope (``async with`` / ``with`` / decorator); see :class:`Rollout`.
 
     ``raise_infrastructure_errors=False``: keep the trajectory of an attempt during which
     the MCP server or the inference server failed (default: raise a typed error at exit).
+    ``auto_instrument=False``: do not turn on the installed libraries' capture hooks on entry
+    (default: on, idempotent; ``TRACERL_AUTO_INSTRUMENT=0`` turns it off for the process).
     """
     return Rollout(
         model, task=task, group=group, metadata=metadata, name=name, split=split, tags=tags, user_id=user_id,
-        raise_infrastructure_errors=raise_infrastructure_errors,
+        raise_infrastructure_errors=raise_infrastructure_errors, auto_instrument=auto_instrument,
     )  # fmt: skip
 
 

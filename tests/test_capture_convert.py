@@ -19,7 +19,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: instru
 
 def test_public_api_is_pinned_and_import_is_light():
     assert sorted(ti.__all__) == [
-        "CaptureProcessor", "OutboundSpanExporter", "Rollout", "TokenRecord", "capture_error_counts", "configure_tracing", "current_rollout",
+        "CaptureProcessor", "CaptureWarning", "OutboundSpanExporter", "Rollout", "TokenRecord", "capture_error_counts", "configure_tracing", "current_rollout",
         "export_scores", "export_to_langfuse", "export_to_otlp", "get_tracer_provider", "instrument", "is_tracerl_endpoint", "langgraph", "register_endpoint",
         "reset_error_counts", "rollout", "spans_to_trajectory", "trajectory", "trajectory_group", "uninstrument",
         "unregister_endpoint",

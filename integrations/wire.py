@@ -1,0 +1,142 @@
+"""Model requests seen on the wire, so a rollout that called a model but captured nothing says so.
+
+The capture hooks see calls through the libraries they patch; a client they do not know, or
+a call on a thread that did not copy the context, leaves no span, and the trajectory would
+come back empty without a word.  Whatever the client, an HTTP request to a model goes out
+through ``httpx`` or its successor ``httpx2`` (the OpenAI SDK, LiteLLM, LangChain's OpenAI
+models, plain ``httpx``), so their ``Client.send`` / ``AsyncClient.send`` are wrapped to note each ``POST`` to a
+generation route (``/chat/completions``, ``/completions``, ``/responses``, ``/messages``, and
+Gemini's ``:generateContent``): on the current rollout when there is one, else — while any
+rollout is open — in a short list of requests made outside every rollout.  At its end a
+rollout compares this with what it captured (:mod:`.missed`).  Requests made by tracerl's
+own servers (the vLLM proxy, ``tracerl serve``) run with OpenTelemetry instrumentation
+suppressed and are not noted.  Noting is a path check; it never raises into the request.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import itertools
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+from .health import guard
+from .patching import Patches
+
+GENERATION_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages")
+_GEMINI_SUFFIXES = (":generateContent", ":streamGenerateContent")
+MAX_URLS = 4
+"""Distinct URLs a rollout remembers (for the warning's text)."""
+MAX_OUTSIDE = 256
+"""Requests made outside every rollout that are remembered, newest kept."""
+
+_patches = Patches()
+_lock = threading.Lock()
+_sequence = itertools.count(1)
+_outside: deque[tuple[int, str]] = deque(maxlen=MAX_OUTSIDE)
+
+
+@dataclass
+class SeenRequests:
+    """The model requests one rollout made on the wire."""
+
+    count: int = 0
+    urls: list[str] = field(default_factory=list)
+
+    def note(self, url: str) -> None:
+        self.count += 1
+        if url not in self.urls and len(self.urls) < MAX_URLS:
+            self.urls.append(url)
+
+
+def model_request_url(method: str, url: Any) -> str | None:
+    """``scheme://host:port/path`` of a request that asks a model to generate, else None."""
+    if method.upper() != "POST":
+        return None
+    path = str(getattr(url, "path", "") or "").rstrip("/")
+    if not (path.endswith(GENERATION_ROUTES) or path.endswith(_GEMINI_SUFFIXES)):
+        return None
+    port = f":{url.port}" if getattr(url, "port", None) else ""
+    return f"{url.scheme}://{url.host}{port}{path}"  # no user info, no query: nothing secret
+
+
+def mark() -> int:
+    """A position in the stream of requests made outside rollouts (see :func:`outside_since`)."""
+    with _lock:
+        return _outside[-1][0] if _outside else 0
+
+
+def outside_since(position: int) -> list[str]:
+    """URLs of model requests made outside every rollout after ``position``."""
+    with _lock:
+        return [url for seq, url in _outside if seq > position]
+
+
+def _note(request: Any) -> None:
+    with guard("wire_note"):
+        if otel_context.get_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY):
+            return  # tracerl's own servers forwarding a request
+        url = model_request_url(request.method, request.url)
+        if url is None:
+            return
+        from .processor import get_processor
+        from .rollout import current_rollout
+
+        rollout = current_rollout()
+        if rollout is not None:
+            rollout.seen_requests.note(url)
+        elif get_processor().active_rollouts():
+            with _lock:
+                _outside.append((next(_sequence), url))
+
+
+def _wrap_sync(original: Any) -> Any:
+    @functools.wraps(original)
+    def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        _note(request)
+        return original(self, request, *args, **kwargs)
+
+    return send
+
+
+def _wrap_async(original: Any) -> Any:
+    @functools.wraps(original)
+    async def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        _note(request)
+        return await original(self, request, *args, **kwargs)
+
+    return send
+
+
+HTTP_LIBRARIES = ("httpx", "httpx2")
+"""``httpx2`` is what the OpenAI SDK 3.x and the MCP SDK 2.x speak HTTP through."""
+_watching = False
+
+
+def watch() -> None:
+    """Wrap ``send`` of ``httpx`` and ``httpx2`` (those installed; idempotent, a flag check once done)."""
+    global _watching
+    if _watching:
+        return
+    with guard("wire_watch"), _lock:
+        for library in HTTP_LIBRARIES:
+            if importlib.util.find_spec(library) is None:
+                continue
+            module = importlib.import_module(library)
+            _patches.apply(module.Client, "send", _wrap_sync)
+            _patches.apply(module.AsyncClient, "send", _wrap_async)
+        _watching = True
+
+
+def unwatch() -> None:
+    """Put ``httpx`` back (tests)."""
+    global _watching
+    with _lock:
+        _patches.restore()
+        _watching = False
