@@ -6,8 +6,10 @@ STAMP := $(VENV)/.tracerl-installed
 
 VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
 PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
+SKY_VENV := .venv-skypilot
+SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-vllm install-phoenix demo test chaos clean
+.PHONY: install install-vllm install-phoenix install-skypilot demo test chaos clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,10 +35,20 @@ $(PHOENIX_STAMP): $(STAMP)
 
 install-phoenix: $(PHOENIX_STAMP)
 
+# SkyPilot in its own venv (its click pin conflicts with transformers'): tests parse
+# examples/skypilot/tracerl-serve.yaml with its own parser; skipped if this cannot install
+$(SKY_STAMP):
+	test -x $(SKY_VENV)/bin/python || $(PY) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install -q 'skypilot>=0.10'
+	touch $(SKY_STAMP)
+
+install-skypilot:
+	-$(MAKE) $(SKY_STAMP)
+
 demo: install-vllm
 	$(BIN)/python examples/demo.py
 
-test: install-vllm install-phoenix
+test: install-vllm install-phoenix install-skypilot
 	$(BIN)/python -m pytest -q tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
@@ -45,4 +57,4 @@ chaos: $(STAMP)
 	$(BIN)/python tests/chaos.py --kills 24 --out bench/chaos.json
 
 clean:
-	rm -rf $(VENV) .tracerl
+	rm -rf $(VENV) $(SKY_VENV) .tracerl

@@ -35,6 +35,19 @@ class NonFiniteError(TracerlError, FloatingPointError):
         self.adapter_changed = adapter_changed
 
 
+class InsufficientMemoryError(TracerlError, MemoryError):
+    """A GPU has too little free memory for the model about to be loaded onto it.
+
+    Raised before loading (see ``tracerl.devices``), with the numbers: ``free_bytes``,
+    ``total_bytes`` and ``need_bytes``, and a message saying what to do."""
+
+    def __init__(self, message: str, *, free_bytes: int, total_bytes: int, need_bytes: int) -> None:
+        super().__init__(message)
+        self.free_bytes = free_bytes
+        self.total_bytes = total_bytes
+        self.need_bytes = need_bytes
+
+
 class CheckpointError(TracerlError, RuntimeError):
     """A checkpoint or the run directory is missing or inconsistent."""
 

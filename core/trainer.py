@@ -1,7 +1,8 @@
 """The LoRA trainer: base model + peft adapter + AdamW, one GRPO step at a time.
 
 The training loop is an explicit function of micro-batches (see :meth:`LoRATrainer.step`),
-not a framework trainer to subclass.  fp32 on CPU (bf16 is 5–40x slower there).
+not a framework trainer to subclass.  fp32 on CPU (bf16 is 5–40x slower there), bf16 on CUDA
+(:func:`tracerl.devices.dtype_for`), after a check that the GPU has room for the model.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .devices import TRAIN_OVERHEAD, check_room_for, default_device, dtype_for
 from .errors import ConfigError, NonFiniteError, TrajectoryError
 from .grpo import ImportanceLevel, LossFn, chunked_token_logprobs, policy_loss, probability_correlation
 from .packing import MicroBatch
@@ -74,10 +76,6 @@ def _release_freed_memory() -> None:
         pass
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 class LoRATrainer:
     """Holds the base model with a trainable LoRA and its optimizer."""
 
@@ -88,13 +86,19 @@ class LoRATrainer:
         lora: LoRASettings = LoRASettings(),
         adapter_path: str | os.PathLike[str] | None = None,
         device: str | None = None,
+        dtype: torch.dtype | None = None,
         logprob_chunk_size: int = 1024,
     ) -> None:
+        """``device``: default CUDA when visible, else CPU; ``dtype``: default bf16 on CUDA, fp32 elsewhere.
+
+        On CUDA the GPU's free memory is checked first (:class:`~tracerl.errors.InsufficientMemoryError`
+        explains a GPU that something else already fills)."""
         from peft import LoraConfig, PeftModel, get_peft_model
         from transformers import AutoModelForCausalLM
 
         self.device = device or default_device()
-        dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
+        self.dtype = dtype = dtype or dtype_for(self.device)
+        check_room_for(model_path, self.device, overhead=TRAIN_OVERHEAD, what="the trainer", dtype=dtype)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
         base.config.use_cache = False
         if adapter_path is not None:
@@ -123,7 +127,8 @@ class LoRATrainer:
         inputs = {
             "input_ids": batch.input_ids_BT.to(self.device),
             "position_ids": batch.position_ids_BT.to(self.device),
-            "attention_mask": batch.attention_mask_B1TT.to(self.device),
+            # SDPA wants the additive mask in the query's dtype (bf16 on CUDA); fp32's min fits in bf16
+            "attention_mask": batch.attention_mask_B1TT.to(self.device, dtype=self.dtype),
         }
         if adapter:
             hidden_BTH = causal_lm.model(**inputs).last_hidden_state

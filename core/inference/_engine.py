@@ -77,15 +77,24 @@ class GenerationEngine:
         max_batch_rows: int = 16,
         batch_wait_s: float = 0.02,
         num_threads: int | None = None,
+        device: str | None = None,
+        dtype: Any = None,
     ) -> None:
+        """``device``: default CUDA when visible, else CPU; ``dtype``: default bf16 on CUDA, fp32 elsewhere
+        (:func:`tracerl.devices.dtype_for`).  On CUDA the free memory is checked before loading."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from ..devices import SERVE_OVERHEAD, check_room_for, default_device, dtype_for
 
         if num_threads:
             torch.set_num_threads(num_threads)
         self.model_path = Path(model_path)
+        self.device = torch.device(device or default_device())
+        self.dtype = dtype or dtype_for(self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self._base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
+        check_room_for(self.model_path, self.device, overhead=SERVE_OVERHEAD, what="the transformers server", dtype=self.dtype)
+        self._base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
         self._peft: Any = None
         self.max_model_len = int(getattr(self._base.config, "max_position_embeddings", 2048) or 2048)
         eos = {self.tokenizer.eos_token_id}
@@ -287,7 +296,7 @@ class GenerationEngine:
         rows: list[_Row] = []
         for job in jobs:
             for choice in range(job.n):
-                generator = torch.Generator()
+                generator = torch.Generator(device=self.device)  # sampling happens where the logits are
                 seed = job.seed * 1_000_003 + choice if job.seed is not None else random.SystemRandom().getrandbits(63)
                 generator.manual_seed(seed % (2**63))
                 rows.append(_Row(job=job, choice=choice, generator=generator))
@@ -315,6 +324,8 @@ class GenerationEngine:
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[i, width - len(prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        device = self.device
+        input_ids, mask, positions = input_ids.to(device), mask.to(device), positions.to(device)
         cache = None
         with torch.inference_mode():
             while rows:
@@ -343,13 +354,13 @@ class GenerationEngine:
                     rows = [rows[i] for i in keep]
                     if not rows:
                         break
-                    index = torch.tensor(keep, dtype=torch.long)
+                    index = torch.tensor(keep, dtype=torch.long, device=device)
                     cache.batch_select_indices(index)
                     mask = mask[index]
                     positions = positions[index]
                     next_ids = [next_ids[i] for i in keep]
-                input_ids = torch.tensor(next_ids, dtype=torch.long).unsqueeze(-1)
-                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=-1)
+                input_ids = torch.tensor(next_ids, dtype=torch.long, device=device).unsqueeze(-1)
+                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=-1)
                 positions = positions[:, -1:] + 1
 
     def _sample(self, row: _Row, logits: Any, logprobs: Any) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..errors import ConfigError, InferenceServerError
+from ..errors import ConfigError, InferenceServerError, InsufficientMemoryError
 from ._http import BackgroundUvicorn, OpenAIError, install_error_handlers
 from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request, stream_events
 from .tool_calls import parse_tool_calls
@@ -28,7 +28,7 @@ BASE_ALIASES = ("base",)
 
 
 class TransformersServer:
-    """``InferenceServer`` over transformers (fp32) + peft, in this process.
+    """``InferenceServer`` over transformers + peft, in this process (fp32 on CPU, bf16 on CUDA).
 
     ``served_name`` (and ``"base"`` and the model path) serve the base model; adapters are
     served under the names given to :meth:`load_adapter` (e.g. ``"agent@3"``).
@@ -45,12 +45,22 @@ class TransformersServer:
         batch_wait_s: float = 0.02,
         num_threads: int | None = None,
         default_max_tokens: int | None = None,
+        device: str | None = None,
+        dtype: Any = None,
     ) -> None:
+        """``device``/``dtype``: where and in what format the model runs (default: CUDA in bf16 when
+        visible, else CPU in fp32); ``max_batch_rows``: rows decoded together at most."""
         self.model_path = Path(model_path)
         self.served_name = served_name
         self.host = host
         self._port = port
-        self._engine_options = {"max_batch_rows": max_batch_rows, "batch_wait_s": batch_wait_s, "num_threads": num_threads}
+        self._engine_options = {
+            "max_batch_rows": max_batch_rows,
+            "batch_wait_s": batch_wait_s,
+            "num_threads": num_threads,
+            "device": device,
+            "dtype": dtype,
+        }
         self.default_max_tokens = default_max_tokens
         self.engine: Any = None
         self._http: BackgroundUvicorn | None = None
@@ -67,6 +77,8 @@ class TransformersServer:
 
         try:
             self.engine = GenerationEngine(self.model_path, **self._engine_options)
+        except InsufficientMemoryError:  # already explains itself (free vs needed GPU memory)
+            raise
         except Exception as error:  # noqa: BLE001 - translated at the boundary
             raise InferenceServerError(f"could not load {self.model_path}: {type(error).__name__}: {error}") from error
         self.engine.start()

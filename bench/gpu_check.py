@@ -1,0 +1,364 @@
+"""A prepared GPU check: tracerl's real GRPO step and transformers-server decode on random Llama models.
+
+Runs where only PyTorch, transformers and peft are installed (no vLLM, no network, no weights):
+each model is a randomly initialised ``LlamaForCausalLM`` with a published shape, saved to a
+temporary folder with a synthetic word-level tokenizer (its vocabulary is exactly the model's),
+then loaded the way tracerl loads any base model.  Random weights time the same matmuls as
+trained ones; nothing here measures quality.
+
+Per shape it measures
+
+* **GRPO step** — ``pack_sequences`` + ``LoRATrainer.step`` (tracerl's trainer, bf16 on CUDA,
+  fp32 on CPU): ``--groups`` groups of ``--group-size`` completions sharing one prompt each.
+  Tokens/s is reported twice: *computed* (tokens the packed forward really runs: a group's
+  prompt once, then each completion) and *logical* (prompt + completion of every sequence,
+  what an unpacked trainer would run).  Peak memory: ``torch.cuda.max_memory_allocated`` on
+  CUDA, the process's peak RSS (``ru_maxrss``, model load included) on CPU.
+* **decode** — ``TransformersServer`` over HTTP at 1, 8 and 32 concurrent chat requests of
+  ``--decode-tokens`` tokens each (``ignore_eos``): completion tokens/s across all requests.
+
+Each shape runs in its own subprocess (so one shape's memory peak or crash never touches the
+other's numbers) within ``--budget-s`` in all.  ``--tiny`` shrinks both shapes and the work so
+the check runs on a CPU in seconds (the test suite runs ``--device cpu --tiny``).
+
+    python bench/gpu_check.py                       # on a GPU machine: ~2-4 min on one H100/H200
+    python bench/gpu_check.py --device cpu --tiny   # the smoke version (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may touch the network
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SMOLLM2_135M = {  # HuggingFaceTB/SmolLM2-135M-Instruct's config.json (134.5M parameters)
+    "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+    "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 8192, "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+}
+LLAMA_1B = {  # meta-llama/Llama-3.2-1B's shape (1.24B parameters); context capped at 8192 here
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+}
+SHAPES = {"smollm2-135m-shape": SMOLLM2_135M, "llama-1b-shape": LLAMA_1B}
+TINY_SHAPES = {  # the same two families, small enough for seconds on a shared CPU
+    "tiny-smollm2-shape": {**SMOLLM2_135M, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
+                           "num_attention_heads": 3, "num_key_value_heads": 1, "vocab_size": 2048},
+    "tiny-llama-shape": {**LLAMA_1B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096},
+}
+CONCURRENCY = (1, 8, 32)
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+
+
+# --- the random model folder -------------------------------------------------------
+def write_random_model(shape: dict[str, Any], folder: Path, device: str, seed: int = 0) -> int:
+    """Save a randomly initialised Llama of ``shape`` and a matching tokenizer to ``folder``; return its parameter count."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from tracerl.devices import dtype_for
+
+    shape = dict(shape)
+    rope_theta = shape.pop("rope_theta")
+    config = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config.rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}  # transformers 5.x
+    config.rope_theta = rope_theta  # transformers 4.x reads this one
+    torch.manual_seed(seed)
+    with torch.device(device):  # initialise where it will run: a 1B model inits in seconds on a GPU
+        model = LlamaForCausalLM(config).to(dtype_for(device))
+    model.save_pretrained(folder)
+    parameters = sum(p.numel() for p in model.parameters())
+    del model
+    vocab = {token: i for i, token in enumerate(SPECIALS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIALS), shape["vocab_size"])})
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<unk>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS[1:]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return parameters
+
+
+def random_words(count: int, vocab: int, seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(len(SPECIALS), vocab) for _ in range(count)]
+
+
+# --- measurements --------------------------------------------------------------------
+def _peak_memory_mb(device: str) -> dict[str, float | None]:
+    import torch
+
+    gpu = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else None
+    return {"peak_gpu_mb": gpu, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _reset_peak(device: str) -> None:
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def measure_train(folder: Path, shape: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Median wall time of ``LoRATrainer.step`` on packed GRPO groups, after warm-up."""
+    import torch
+
+    from tracerl.grpo import equal_trajectory_weights
+    from tracerl.packing import pack_sequences
+    from tracerl.tokenization import TrainingSequence
+    from tracerl.trainer import LoRASettings, LoRATrainer, StepConfig
+
+    _reset_peak(args.device)
+    trainer = LoRATrainer(folder, lora=LoRASettings(r=8, alpha=16), device=args.device)
+    P, C = args.prompt_tokens, args.completion_tokens
+    sequences = []
+    for g in range(args.groups):
+        prompt = random_words(P, shape["vocab_size"], seed=1000 + g)
+        for i in range(args.group_size):
+            sequences.append(TrainingSequence(
+                token_ids=prompt + random_words(C, shape["vocab_size"], seed=g * 100 + i),
+                weights=[0.0] * P + [1.0] * C,
+                old_logprobs=[float("nan")] * (P + C),
+                trajectory_index=len(sequences),
+                group_index=g,
+                advantage=1.0 if i % 2 == 0 else -1.0,
+            ))
+    weights = equal_trajectory_weights([s.num_trainable for s in sequences])
+    config = StepConfig(learning_rate=1e-5)
+    times, metrics, batches = [], {}, []
+    for i in range(args.warmup + args.steps):
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        batches = pack_sequences(sequences, weights, max_tokens=args.micro_batch_tokens, pad_token_id=0)
+        metrics = trainer.step(batches, config)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - started)
+    median = statistics.median(times)
+    computed = int(metrics["forward_tokens"])
+    logical = len(sequences) * (P + C)
+    result = {
+        "dtype": str(trainer.dtype).removeprefix("torch."),
+        "step_s": times,
+        "step_s_median": median,
+        "sequences": len(sequences),
+        "computed_tokens": computed,
+        "logical_tokens": logical,
+        "trained_tokens": int(metrics["trained_tokens"]),
+        "computed_tokens_per_s": computed / median,
+        "logical_tokens_per_s": logical / median,
+        "micro_batches": len(batches),
+        "loss": metrics["loss"],
+        "grad_norm": metrics["grad_norm"],
+        **_peak_memory_mb(args.device),
+    }
+    del trainer, batches
+    _reset_peak(args.device)
+    return result
+
+
+async def _decode_round(base_url: str, concurrency: int, prompt: str, max_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    body = {"model": "base", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 1.0, "ignore_eos": True}
+    latencies: list[float] = []
+    tokens = 0
+
+    async def one(client: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        started = time.perf_counter()
+        response = await client.post(f"{base_url}/chat/completions", json=body)
+        response.raise_for_status()
+        latencies.append(time.perf_counter() - started)
+        tokens += int(response.json()["usage"]["completion_tokens"])
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(one(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    return {"concurrency": concurrency, "completion_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "latency_s_median": statistics.median(latencies)}
+
+
+def measure_decode(folder: Path, shape: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``TransformersServer`` decode throughput at each concurrency (one warm-up request first)."""
+    from tracerl.inference.transformers_server import TransformersServer
+
+    _reset_peak(args.device)
+    server = TransformersServer(folder, max_batch_rows=max(CONCURRENCY), device=args.device)
+
+    async def run() -> dict[str, Any]:
+        await server.start()
+        try:
+            prompt = " ".join(f"w{t}" for t in random_words(args.decode_prompt_tokens, shape["vocab_size"], seed=7))
+            await _decode_round(server.base_url, 1, prompt, 2)  # warm-up: first kernels, allocator
+            rounds = [await _decode_round(server.base_url, c, prompt, args.decode_tokens) for c in CONCURRENCY]
+            return {"dtype": str(server.engine.dtype).removeprefix("torch."), "rounds": rounds,
+                    "max_batch_rows": server.engine.stats["max_rows"], **_peak_memory_mb(args.device)}
+        finally:
+            await server.stop()
+
+    result = asyncio.run(run())
+    del server
+    _reset_peak(args.device)
+    return result
+
+
+def run_shape(name: str, shape: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"tracerl-gpu-check-{name}-") as tmp:
+        folder = Path(tmp)
+        started = time.perf_counter()
+        parameters = write_random_model(shape, folder, args.device)
+        out: dict[str, Any] = {"shape": name, "config": shape, "parameters": parameters,
+                               "build_s": time.perf_counter() - started}
+        out["train"] = measure_train(folder, shape, args)
+        out["decode"] = measure_decode(folder, shape, args)
+    return out
+
+
+# --- orchestration -------------------------------------------------------------------
+def environment(device: str) -> dict[str, Any]:
+    import peft
+    import torch
+    import transformers
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "peft": peft.__version__, "device": device, "gpu_name": None, "gpu_free_mb": None, "gpu_total_mb": None}
+    if device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info()
+        env.update(gpu_name=torch.cuda.get_device_name(), gpu_free_mb=free / 2**20, gpu_total_mb=total / 2**20)
+    return env
+
+
+def worker(args: argparse.Namespace) -> None:
+    shapes = TINY_SHAPES if args.tiny else SHAPES
+    result = run_shape(args.worker, shapes[args.worker], args)
+    result["vllm_imported"] = "vllm" in sys.modules
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _run_isolated(name: str, argv: list[str], timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", name]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 1.0))
+    except subprocess.TimeoutExpired:
+        return {"shape": name, "error": f"timed out after {timeout:.0f} s (--budget-s)"}
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        return {"shape": name, "error": f"worker exited {proc.returncode}: {proc.stderr[-3000:]}"}
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def print_table(report: dict[str, Any]) -> None:
+    env = report["environment"]
+    print(f"\ndevice {env['device']} ({env['gpu_name'] or platform.processor() or 'cpu'}), torch {env['torch']}, "
+          f"transformers {env['transformers']}, peft {env['peft']}; wall {report['wall_s']:.0f} s\n")
+    print("| shape | params | dtype | GRPO s/step | computed tok/s | logical tok/s | peak train mem (MB) | "
+          + " | ".join(f"decode tok/s @{c}" for c in CONCURRENCY) + " | peak decode mem (MB) |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(CONCURRENCY) + "---|")
+    for shape in report["shapes"]:
+        if "error" in shape:
+            print(f"| {shape['shape']} | failed: {shape['error'][:200]} |")
+            continue
+        t, d = shape["train"], shape["decode"]
+        memory = lambda m: f"{m['peak_gpu_mb']:.0f} GPU" if m["peak_gpu_mb"] is not None else f"{m['peak_rss_mb']:.0f} RSS"
+        print(f"| {shape['shape']} | {shape['parameters'] / 1e6:.1f}M | {t['dtype']} | {t['step_s_median']:.3f} | "
+              f"{t['computed_tokens_per_s']:.0f} | {t['logical_tokens_per_s']:.0f} | {memory(t)} | "
+              + " | ".join(f"{r['tokens_per_s']:.1f}" for r in d["rounds"]) + f" | {memory(d)} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")
+    p.add_argument("--tiny", action="store_true", help="tiny shapes and work: the CPU smoke version")
+    p.add_argument("--shapes", default=None, help="comma-separated subset of the shape names")
+    p.add_argument("--groups", type=int, default=None)
+    p.add_argument("--group-size", type=int, default=None)
+    p.add_argument("--prompt-tokens", type=int, default=None)
+    p.add_argument("--completion-tokens", type=int, default=None)
+    p.add_argument("--micro-batch-tokens", type=int, default=2048, help="packing budget (LocalBackend's default)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--decode-tokens", type=int, default=None)
+    p.add_argument("--decode-prompt-tokens", type=int, default=None)
+    p.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget for all shapes")
+    p.add_argument("--in-process", action="store_true", help="run the shapes in this process (default with --tiny)")
+    p.add_argument("--json", default="bench/gpu_check.json", help="where the raw results go")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    defaults = dict(groups=2, group_size=4, prompt_tokens=16, completion_tokens=8, steps=2, decode_tokens=4,
+                    decode_prompt_tokens=8) if args.tiny else dict(
+                    groups=4, group_size=8, prompt_tokens=512, completion_tokens=256, steps=3, decode_tokens=64,
+                    decode_prompt_tokens=256)
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.worker:
+        worker(args)
+        return
+    shapes = TINY_SHAPES if args.tiny else SHAPES
+    names = args.shapes.split(",") if args.shapes else list(shapes)
+    unknown = [n for n in names if n not in shapes]
+    if unknown:
+        raise SystemExit(f"unknown shape(s) {unknown}; choose from {list(shapes)}")
+    started = time.perf_counter()
+    report: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "worker"},
+                              "environment": environment(args.device), "shapes": []}
+    argv = [a for a in sys.argv[1:]]
+    for name in names:
+        print(f"{name} ...", flush=True)
+        if args.in_process or args.tiny:
+            try:
+                report["shapes"].append(run_shape(name, shapes[name], args))
+            except Exception as error:  # noqa: BLE001 - reported in the table and the JSON
+                report["shapes"].append({"shape": name, "error": f"{type(error).__name__}: {error}"})
+        else:
+            report["shapes"].append(_run_isolated(name, argv, args.budget_s - (time.perf_counter() - started)))
+    report["wall_s"] = time.perf_counter() - started
+    report["vllm_imported"] = "vllm" in sys.modules or any(s.get("vllm_imported") for s in report["shapes"])
+    print_table(report)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(f"\nraw results: {args.json}")
+    if any("error" in s for s in report["shapes"]):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

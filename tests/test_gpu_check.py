@@ -1,0 +1,46 @@
+"""``bench/gpu_check.py --device cpu --tiny`` keeps working until a GPU machine runs the full check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    env = {
+        **os.environ,
+        # any request that leaves the machine fails (loopback to our own server still works)
+        "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1,localhost",
+        "HF_HUB_OFFLINE": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny", "--json", str(out)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "| shape | params | dtype | GRPO s/step |" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["vllm_imported"] is False
+    assert report["environment"]["device"] == "cpu"
+    assert [s["shape"] for s in report["shapes"]] == ["tiny-smollm2-shape", "tiny-llama-shape"]
+    for shape in report["shapes"]:
+        train, decode = shape["train"], shape["decode"]
+        assert shape["parameters"] > 0
+        assert train["dtype"] == "float32" and decode["dtype"] == "float32"
+        assert train["step_s_median"] > 0 and len(train["step_s"]) == report["args"]["steps"]
+        # packing runs each group's prompt once: fewer computed than logical tokens
+        assert 0 < train["computed_tokens"] < train["logical_tokens"]
+        assert train["logical_tokens_per_s"] > train["computed_tokens_per_s"] > 0
+        assert train["trained_tokens"] == train["sequences"] * report["args"]["completion_tokens"]
+        assert train["peak_gpu_mb"] is None and train["peak_rss_mb"] > 0
+        assert [r["concurrency"] for r in decode["rounds"]] == [1, 8, 32]
+        for r in decode["rounds"]:
+            assert r["completion_tokens"] == r["concurrency"] * report["args"]["decode_tokens"]
+            assert r["tokens_per_s"] > 0
+        assert decode["max_batch_rows"] > 1  # concurrent requests were decoded together
