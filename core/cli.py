@@ -90,14 +90,31 @@ def install_vllm() -> None:
 
 @app.command("serve")
 def serve(
-    host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0: every interface; then set --token)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on. Beyond loopback (0.0.0.0, a LAN address) a token is required."),
     port: int = typer.Option(8000, help="Port for both the backend API and the OpenAI /v1 proxy."),
     path: Path = typer.Option(Path(DEFAULT_BASE_PATH), help="Data directory (checkpoints, model.json)."),
     inference: str = typer.Option("auto", help="auto | vllm | transformers | none (train without serving)."),
-    token: Optional[str] = typer.Option(None, envvar="TRACERL_SERVE_TOKEN", help="Bearer token clients must send."),
+    token: Optional[str] = typer.Option(None, envvar="TRACERL_SERVE_TOKEN", help="Bearer token clients must send (env: TRACERL_SERVE_TOKEN)."),
+    generate_token: bool = typer.Option(False, "--generate-token", help="Without --token: make a random token and print it once to stderr."),
+    insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth", help="Serve a non-loopback interface with no token: anyone who reaches the port may train."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
+
+    from .serve_auth import InsecureBindError, check_bind, is_loopback
+    from .serve_auth import generate_token as new_token
+
+    token = token or None
+    if token is None and generate_token:
+        token = new_token()
+        typer.echo(f"tracerl serve: generated token (shown once): {token}", err=True)
+    try:
+        check_bind(host, token, insecure_no_auth=insecure_no_auth)
+    except InsecureBindError as error:
+        typer.echo(f"tracerl serve: {error}", err=True)
+        raise typer.Exit(code=2) from error
+    if token is None and not is_loopback(host):
+        typer.echo(f"tracerl serve: WARNING: --insecure-no-auth: anyone who can reach {host}:{port} may register, train and delete", err=True)
 
     from .local_backend import LocalBackend
     from .serve import create_app
