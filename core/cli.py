@@ -97,6 +97,7 @@ def serve(
     token: Optional[str] = typer.Option(None, envvar="TRACERL_SERVE_TOKEN", help="Bearer token clients must send (env: TRACERL_SERVE_TOKEN)."),
     generate_token: bool = typer.Option(False, "--generate-token", help="Without --token: make a random token and print it once to stderr."),
     insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth", help="Serve a non-loopback interface with no token: anyone who reaches the port may train."),
+    max_body_mb: float = typer.Option(32.0, help="Larger request bodies are answered 413 unread."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
@@ -119,6 +120,8 @@ def serve(
     from .local_backend import LocalBackend
     from .serve import create_app
 
+    if not max_body_mb > 0:
+        raise typer.BadParameter("must be > 0", param_hint="--max-body-mb")
     kind = None if inference == "none" else inference
     try:
         backend = LocalBackend(path, inference=kind)  # type: ignore[arg-type]
@@ -126,7 +129,7 @@ def serve(
         raise typer.BadParameter(str(error), param_hint="--inference") from error
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     typer.echo(f"tracerl serve: backend at {url}  ->  tracerl.RemoteBackend({url!r}{', token=...' if token else ''})", err=True)
-    uvicorn.run(create_app(backend, token=token), host=host, port=port, log_level="info", access_log=False)
+    uvicorn.run(create_app(backend, token=token, max_body_bytes=int(max_body_mb * 2**20)), host=host, port=port, log_level="info", access_log=False)
 
 
 @app.command("mcp-rl")

@@ -33,6 +33,7 @@ from .errors import CheckpointError, ConfigError
 from .model import DEFAULT_BASE_PATH, TrainableModel
 from .redact import register_secret
 from .remote_backend import API, decode_groups
+from .serve_http import DEFAULT_MAX_BODY_MB, BodyLimit, BodyTooLargeError
 from .untraced import untraced_fastapi
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,7 +65,9 @@ def error_response(error: BaseException) -> JSONResponse:
         status, type_name, message = error.status, error.type_name, error.message
     else:
         type_name, message = type(error).__name__, str(error)
-        if isinstance(error, (TypeError, ValueError)):  # ConfigError, TrajectoryError, bad keywords
+        if isinstance(error, BodyTooLargeError):
+            status = 413
+        elif isinstance(error, (TypeError, ValueError)):  # ConfigError, TrajectoryError, bad keywords
             status = 400
         elif isinstance(error, CheckpointError):
             status = 409
@@ -134,11 +137,20 @@ class _State:
         await self.backend.close()
 
 
-def create_app(backend: "Backend", *, token: str | None = None, base_path: Any = None) -> FastAPI:
+def create_app(
+    backend: "Backend",
+    *,
+    token: str | None = None,
+    base_path: Any = None,
+    max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
+) -> FastAPI:
     """The ``tracerl serve`` app around ``backend`` (closed when the app shuts down).
 
     ``token``: when set, every route but ``/tracerl/v1/health`` needs ``Authorization: Bearer <token>``.
+    ``max_body_bytes``: larger request bodies are answered 413 before they are read (one caller
+    must not make the server buffer gigabytes).
     """
+    token = token or None
     state = _State(backend, base_path or getattr(backend, "path", None) or DEFAULT_BASE_PATH)
     register_secret(token)  # never in this process's logs, spans or files (tracerl.redact)
 
@@ -184,7 +196,13 @@ def create_app(backend: "Backend", *, token: str | None = None, base_path: Any =
                     f"{model.base_model!r}, lora_config {model.lora_config}: use another name"
                 )
         step = await backend.get_step(model)
-        return {"name": model.name, "project": model.project, "step": step, "inference_model_name": model.get_inference_name(step)}
+        return {
+            "name": model.name,
+            "project": model.project,
+            "step": step,
+            "inference_model_name": model.get_inference_name(step),
+            "max_body_bytes": max_body_bytes,
+        }
 
     @router.post(API + "/models/{project}/{name}/train")
     async def train(project: str, name: str, request: Request) -> Response:
@@ -241,6 +259,7 @@ def create_app(backend: "Backend", *, token: str | None = None, base_path: Any =
 
     app.include_router(public)
     app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     return app
 
 
