@@ -98,6 +98,10 @@ def serve(
     generate_token: bool = typer.Option(False, "--generate-token", help="Without --token: make a random token and print it once to stderr."),
     insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth", help="Serve a non-loopback interface with no token: anyone who reaches the port may train."),
     max_body_mb: float = typer.Option(32.0, help="Larger request bodies are answered 413 unread."),
+    models_dir: Optional[Path] = typer.Option(None, help="Clients may register the HF model folders under it (besides the embedded smollm2-135m)."),
+    allow_hub_downloads: bool = typer.Option(False, "--allow-hub-downloads", help="Let clients name a Hugging Face hub id for the server to download."),
+    max_lora_rank: int = typer.Option(64, help="Highest LoRA rank a client may ask for."),
+    max_models: int = typer.Option(4, help="Most models served at once (each may start an inference server)."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
@@ -122,6 +126,12 @@ def serve(
 
     if not max_body_mb > 0:
         raise typer.BadParameter("must be > 0", param_hint="--max-body-mb")
+    from .serve_policy import ModelPolicy
+
+    try:
+        policy = ModelPolicy(models_dir, allow_hub_downloads=allow_hub_downloads, max_lora_rank=max_lora_rank, max_models=max_models)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
     kind = None if inference == "none" else inference
     try:
         backend = LocalBackend(path, inference=kind)  # type: ignore[arg-type]
@@ -129,7 +139,7 @@ def serve(
         raise typer.BadParameter(str(error), param_hint="--inference") from error
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     typer.echo(f"tracerl serve: backend at {url}  ->  tracerl.RemoteBackend({url!r}{', token=...' if token else ''})", err=True)
-    uvicorn.run(create_app(backend, token=token, max_body_bytes=int(max_body_mb * 2**20)), host=host, port=port, log_level="info", access_log=False)
+    uvicorn.run(create_app(backend, token=token, max_body_bytes=int(max_body_mb * 2**20), policy=policy), host=host, port=port, log_level="info", access_log=False)
 
 
 @app.command("mcp-rl")
