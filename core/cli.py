@@ -90,18 +90,48 @@ def install_vllm() -> None:
 
 @app.command("serve")
 def serve(
-    host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0: every interface; then set --token)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on. Beyond loopback (0.0.0.0, a LAN address) a token is required."),
     port: int = typer.Option(8000, help="Port for both the backend API and the OpenAI /v1 proxy."),
     path: Path = typer.Option(Path(DEFAULT_BASE_PATH), help="Data directory (checkpoints, model.json)."),
     inference: str = typer.Option("auto", help="auto | vllm | transformers | none (train without serving)."),
-    token: Optional[str] = typer.Option(None, envvar="TRACERL_SERVE_TOKEN", help="Bearer token clients must send."),
+    token: Optional[str] = typer.Option(None, envvar="TRACERL_SERVE_TOKEN", help="Bearer token clients must send (env: TRACERL_SERVE_TOKEN)."),
+    generate_token: bool = typer.Option(False, "--generate-token", help="Without --token: make a random token and print it once to stderr."),
+    insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth", help="Serve a non-loopback interface with no token: anyone who reaches the port may train."),
+    max_body_mb: float = typer.Option(32.0, help="Larger request bodies are answered 413 unread."),
+    models_dir: Optional[Path] = typer.Option(None, help="Clients may register the HF model folders under it (besides the embedded smollm2-135m)."),
+    allow_hub_downloads: bool = typer.Option(False, "--allow-hub-downloads", help="Let clients name a Hugging Face hub id for the server to download."),
+    max_lora_rank: int = typer.Option(64, help="Highest LoRA rank a client may ask for."),
+    max_models: int = typer.Option(4, help="Most models served at once (each may start an inference server)."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
 
+    from .serve_auth import InsecureBindError, check_bind, is_loopback
+    from .serve_auth import generate_token as new_token
+
+    token = token or None
+    if token is None and generate_token:
+        token = new_token()
+        typer.echo(f"tracerl serve: generated token (shown once): {token}", err=True)
+    try:
+        check_bind(host, token, insecure_no_auth=insecure_no_auth)
+    except InsecureBindError as error:
+        typer.echo(f"tracerl serve: {error}", err=True)
+        raise typer.Exit(code=2) from error
+    if token is None and not is_loopback(host):
+        typer.echo(f"tracerl serve: WARNING: --insecure-no-auth: anyone who can reach {host}:{port} may register, train and delete", err=True)
+
     from .local_backend import LocalBackend
     from .serve import create_app
 
+    if not max_body_mb > 0:
+        raise typer.BadParameter("must be > 0", param_hint="--max-body-mb")
+    from .serve_policy import ModelPolicy
+
+    try:
+        policy = ModelPolicy(models_dir, allow_hub_downloads=allow_hub_downloads, max_lora_rank=max_lora_rank, max_models=max_models)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
     kind = None if inference == "none" else inference
     try:
         backend = LocalBackend(path, inference=kind)  # type: ignore[arg-type]
@@ -109,7 +139,7 @@ def serve(
         raise typer.BadParameter(str(error), param_hint="--inference") from error
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     typer.echo(f"tracerl serve: backend at {url}  ->  tracerl.RemoteBackend({url!r}{', token=...' if token else ''})", err=True)
-    uvicorn.run(create_app(backend, token=token), host=host, port=port, log_level="info", access_log=False)
+    uvicorn.run(create_app(backend, token=token, max_body_bytes=int(max_body_mb * 2**20), policy=policy), host=host, port=port, log_level="info", access_log=False)
 
 
 @app.command("mcp-rl")

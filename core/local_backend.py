@@ -89,7 +89,9 @@ class LocalBackend:
             await self._open(model, run_dir, lock)
         except BaseException:
             if held is None:  # a first registration that failed leaves the directory to others
-                self._models.pop(model.name, None)
+                failed = self._models.pop(model.name, None)
+                if failed is not None and failed.server is not None:
+                    await _stop_quietly(failed.server)  # and never leaves its inference server running
                 lock.release()
             raise
 
@@ -110,8 +112,8 @@ class LocalBackend:
             from .inference.base import make_server
 
             server = make_server(self.inference, model_path, served_name=model.name, **self.server_options)
+            state.server = server  # before start(): a start that fails half-way is stopped by register
             await server.start()
-            state.server = server
             await server.load_adapter(model.get_inference_name(step), str(run_dir.checkpoint_path(step)))
             model.inference_base_url = server.base_url
             model.inference_api_key = "tracerl"
@@ -396,6 +398,14 @@ def _commit_step(
         else:  # nothing trainable: the step still advances, with the previous adapter
             shutil.copytree(run_dir.checkpoint_path(step - 1), tmp, dirs_exist_ok=True)
         run_dir.write_step_record(tmp, step, {**aggregate_metrics(groups), **metrics})
+
+
+async def _stop_quietly(server: "InferenceServer") -> None:
+    """Stop a server whose registration failed; a second failure is logged, the first one is raised."""
+    try:
+        await server.stop()
+    except Exception as error:  # noqa: BLE001 - the registration's own error matters more
+        log.warning("tracerl: could not stop the inference server of a failed registration: %s: %s", type(error).__name__, error)
 
 
 async def _unload_quietly(server: Any, name: str) -> None:

@@ -97,6 +97,7 @@ class RemoteBackend:
         self.train_timeout = train_timeout
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._max_body_bytes: int | None = None  # the server's request size limit, learned at register
 
     # -- Backend --------------------------------------------------------------------------------
     async def register(self, model: Model) -> None:
@@ -114,6 +115,8 @@ class RemoteBackend:
         model.inference_api_key = self.token or "tracerl"
         model._step_cache = int(answer["step"])
         model.inference_model_name = answer["inference_model_name"]
+        if isinstance(answer.get("max_body_bytes"), int):
+            self._max_body_bytes = answer["max_body_bytes"]
 
     async def train(self, model: Model, trajectory_groups: Iterable[TrajectoryGroup], **kwargs: Any) -> TrainResult:
         """One GRPO step on the server; keywords are ``LocalBackend.train``'s (unknown ones: ``TypeError``)."""
@@ -183,6 +186,14 @@ class RemoteBackend:
         seconds = self.timeout if timeout == "default" else timeout
         where = f"tracerl serve at {self.url}"
         content = dumps_body(body) if body is not None else None
+        if content is not None and self._max_body_bytes is not None and len(content) > self._max_body_bytes:
+            # the server would answer 413 unread and reset the connection: say so before sending it
+            raise RemoteBackendError(
+                f"{where}: the {what} request is {len(content)} bytes, over the server's limit of {self._max_body_bytes} "
+                "bytes (tracerl serve --max-body-mb): send fewer or smaller groups per call",
+                status=413,
+                error_type="BodyTooLargeError",
+            )
         headers = {"Content-Type": "application/json"} if body is not None else None
         try:
             response = await self._http().request(

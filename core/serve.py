@@ -33,6 +33,8 @@ from .errors import CheckpointError, ConfigError
 from .model import DEFAULT_BASE_PATH, TrainableModel
 from .redact import register_secret
 from .remote_backend import API, decode_groups
+from .serve_http import DEFAULT_MAX_BODY_MB, BodyLimit, BodyTooLargeError
+from .serve_policy import ForbiddenError, ModelPolicy
 from .untraced import untraced_fastapi
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,7 +66,11 @@ def error_response(error: BaseException) -> JSONResponse:
         status, type_name, message = error.status, error.type_name, error.message
     else:
         type_name, message = type(error).__name__, str(error)
-        if isinstance(error, (TypeError, ValueError)):  # ConfigError, TrajectoryError, bad keywords
+        if isinstance(error, BodyTooLargeError):
+            status = 413
+        elif isinstance(error, ForbiddenError):
+            status = 403
+        elif isinstance(error, (TypeError, ValueError)):  # ConfigError, TrajectoryError, bad keywords
             status = 400
         elif isinstance(error, CheckpointError):
             status = 409
@@ -99,6 +105,7 @@ class _State:
         self.backend = backend
         self.base_path = base_path
         self.models: dict[str, TrainableModel] = {}
+        self.requested: dict[str, RegisterRequest] = {}  # as the client asked (base_model before the policy resolved it)
         self.locks: dict[str, asyncio.Lock] = {}
         self.register_lock = asyncio.Lock()
         self._http: httpx.AsyncClient | None = None
@@ -134,11 +141,24 @@ class _State:
         await self.backend.close()
 
 
-def create_app(backend: "Backend", *, token: str | None = None, base_path: Any = None) -> FastAPI:
+def create_app(
+    backend: "Backend",
+    *,
+    token: str | None = None,
+    base_path: Any = None,
+    max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
+    policy: ModelPolicy | None = None,
+) -> FastAPI:
     """The ``tracerl serve`` app around ``backend`` (closed when the app shuts down).
 
     ``token``: when set, every route but ``/tracerl/v1/health`` needs ``Authorization: Bearer <token>``.
+    ``max_body_bytes``: larger request bodies are answered 413 before they are read (one caller
+    must not make the server buffer gigabytes).
+    ``policy``: which base models, LoRA ranks and how many models clients may register (default
+    :class:`~tracerl.serve_policy.ModelPolicy`: the embedded model only, rank <= 64, 4 models).
     """
+    token = token or None
+    policy = policy or ModelPolicy()
     state = _State(backend, base_path or getattr(backend, "path", None) or DEFAULT_BASE_PATH)
     register_secret(token)  # never in this process's logs, spans or files (tracerl.redact)
 
@@ -171,20 +191,30 @@ def create_app(backend: "Backend", *, token: str | None = None, base_path: Any =
             raise ConfigError(f"bad register request: {error}") from error
         async with state.register_lock:
             model = state.models.get(wanted.name)
-            if model is None:
-                model = TrainableModel(
-                    wanted.name, wanted.project, wanted.base_model, lora_config=wanted.lora_config, base_path=state.base_path
-                )
-                await backend.register(model)
+            if model is None:  # the server decides what it loads: refused before anything is started
+                policy.check_count(len(state.models))
+                base_model = policy.base_model(wanted.base_model)
+                model = TrainableModel(wanted.name, wanted.project, base_model, lora_config=wanted.lora_config, base_path=state.base_path)
+                policy.check_lora(model.lora_config)
+                await backend.register(model)  # a failure releases what it started (LocalBackend.register)
                 state.models[model.name] = model
+                state.requested[model.name] = wanted
                 state.locks[model.name] = asyncio.Lock()
-            elif (model.project, model.base_model, model.lora_config) != (wanted.project, wanted.base_model, wanted.lora_config):
-                raise ConfigError(
-                    f"model {wanted.name!r} is already served here for project {model.project!r}, base_model "
-                    f"{model.base_model!r}, lora_config {model.lora_config}: use another name"
-                )
+            else:
+                first = state.requested[wanted.name]
+                if (first.project, first.base_model, first.lora_config) != (wanted.project, wanted.base_model, wanted.lora_config):
+                    raise ConfigError(
+                        f"model {wanted.name!r} is already served here for project {first.project!r}, base_model "
+                        f"{first.base_model!r}, lora_config {first.lora_config}: use another name"
+                    )
         step = await backend.get_step(model)
-        return {"name": model.name, "project": model.project, "step": step, "inference_model_name": model.get_inference_name(step)}
+        return {
+            "name": model.name,
+            "project": model.project,
+            "step": step,
+            "inference_model_name": model.get_inference_name(step),
+            "max_body_bytes": max_body_bytes,
+        }
 
     @router.post(API + "/models/{project}/{name}/train")
     async def train(project: str, name: str, request: Request) -> Response:
@@ -241,6 +271,7 @@ def create_app(backend: "Backend", *, token: str | None = None, base_path: Any =
 
     app.include_router(public)
     app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     return app
 
 
