@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tracerl-installed
 VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
 PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
 
-.PHONY: install install-vllm install-phoenix demo test chaos clean
+.PHONY: install install-vllm install-phoenix demo test chaos bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,6 +43,11 @@ test: install-vllm install-phoenix
 # check nothing was lost (~10 min on 2 CPU cores); the result is committed as bench/chaos.json
 chaos: $(STAMP)
 	$(BIN)/python tests/chaos.py --kills 24 --out bench/chaos.json
+
+# every benchmark script, each after a ceiling probe in the same invocation; raw output in bench/raw/
+# (long: well over an hour on 2 cores; it holds the shared heavy lock throughout)
+bench: install-vllm
+	flock /tmp/tracerl-heavy.lock $(BIN)/python bench/run_all.py
 
 clean:
 	rm -rf $(VENV) .tracerl
