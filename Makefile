@@ -9,7 +9,7 @@ PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-vllm install-phoenix install-skypilot demo test chaos clean
+.PHONY: install install-vllm install-phoenix install-skypilot demo test chaos bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +55,11 @@ test: install-vllm install-phoenix install-skypilot
 # check nothing was lost (~10 min on 2 CPU cores); the result is committed as bench/chaos.json
 chaos: $(STAMP)
 	$(BIN)/python tests/chaos.py --kills 24 --out bench/chaos.json
+
+# every benchmark script, each after a ceiling probe in the same invocation; raw output in bench/raw/
+# (long: well over an hour on 2 cores; run it on an otherwise idle machine)
+bench: install-vllm
+	$(BIN)/python bench/run_all.py
 
 clean:
 	rm -rf $(VENV) $(SKY_VENV) .tracerl

@@ -1,0 +1,86 @@
+"""``make bench``: run every benchmark script and keep its raw output next to ``RESULTS.md``.
+
+Each script runs in its own process with the command written in ``BENCHMARKS`` (the one its
+``RESULTS.md`` section quotes); the machine's ceiling (:mod:`ceiling`) is measured in the same
+invocation right before it, so every figure can be read as a share of what the machine could
+do at that moment.  For each script ``bench/raw/<name>.json`` records the command, the
+ceiling, the return code, the wall time and the full stdout/stderr; scripts that write their
+own JSON are pointed into ``bench/raw/`` too.  Run it under ``flock /tmp/tracerl-heavy.lock``
+(the Makefile does): the whole set takes well over an hour on 2 cores.
+
+    .venv/bin/python bench/run_all.py [--only grpo_step,serving_speed] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+RAW = BENCH / "raw"
+
+# name -> arguments after `python bench/<name>.py` ({raw} is bench/raw)
+BENCHMARKS: dict[str, list[str]] = {
+    "ceiling": ["--json", "{raw}/ceiling_only.json"],
+    "rollout_throughput": [],
+    "grpo_step": ["--sequences", "16", "--prompt-tokens", "300", "--completion-tokens", "40", "--steps", "5",
+                  "--warmup", "1", "--json", "{raw}/grpo_step_results.json"],
+    "time_to_reward": ["--max-minutes", "5", "--target", "0.5", "--eval-every", "3", "--groups-per-step", "2",
+                       "--results", "{raw}/time_to_reward_results.json"],
+    "capture_overhead": ["--calls", "1000"],
+    "capture_memory": [],
+    "langgraph_overhead": [],
+}  # fmt: skip
+
+
+def run_one(name: str, arguments: list[str]) -> dict[str, object]:
+    sys.path.insert(0, str(BENCH))
+    from ceiling import measure_ceiling
+
+    command = [sys.executable, str(BENCH / f"{name}.py"), *(a.format(raw=RAW) for a in arguments)]
+    ceiling = measure_ceiling()
+    started = time.monotonic()
+    print(f"== {name}: {' '.join(command)}", flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    print(done.stdout[-3000:], flush=True)
+    return {
+        "benchmark": name,
+        "command": command,
+        "ceiling": ceiling,
+        "returncode": done.returncode,
+        "wall_seconds": time.monotonic() - started,
+        "stdout": done.stdout,
+        "stderr": done.stderr[-20000:],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="comma-separated subset of the benchmarks")
+    parser.add_argument("--list", action="store_true", help="print the commands and exit")
+    args = parser.parse_args()
+    wanted = [n for n in args.only.split(",") if n] or list(BENCHMARKS)
+    unknown = sorted(set(wanted) - set(BENCHMARKS))
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")
+    if args.list:
+        for name in wanted:
+            print(f"{name}: bench/{name}.py {' '.join(BENCHMARKS[name])}")
+        return
+    RAW.mkdir(exist_ok=True)
+    failed = []
+    for name in wanted:
+        record = run_one(name, BENCHMARKS[name])
+        (RAW / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+        if record["returncode"] != 0:
+            failed.append(name)
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} (see bench/raw/<name>.json)")
+
+
+if __name__ == "__main__":
+    main()
