@@ -7,7 +7,9 @@ or it was built by hand from plain message dicts.  Training on a batch of them u
 advance the step with the adapter unchanged and no word; now a call where no trajectory has
 a sampled turn raises :class:`~tracerl.errors.TrajectoryError` naming them with the likely
 cause, and a call where only some lack one logs a warning naming those and counts them
-(``metrics["trajectories_without_sampled_turns"]``).
+(``metrics["trajectories_without_sampled_turns"]``).  Only groups whose rewards differ are
+looked at: a group of equal rewards trains nothing whatever it holds, and a step made only
+of such groups advances unchanged as documented.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def check_sampled_turns(groups: Sequence[Any]) -> int:
     missing: list[tuple[str, str]] = []
     total = 0
     for g, group in enumerate(groups):
+        if not _rewards_differ(group):
+            continue
         for i, trajectory in enumerate(getattr(group, "trajectories", ())):  # other types: check_groups names them
             total += 1
             if isinstance(trajectory, Trajectory) and not trajectory.sampled_turns():
@@ -71,3 +75,9 @@ def check_sampled_turns(groups: Sequence[Any]) -> int:
         )
     log.warning("%d of %d trajectories have no sampled turn and train nothing: %s%s", len(missing), total, named, more)
     return len(missing)
+
+
+def _rewards_differ(group: Any) -> bool:
+    """Whether GRPO would train on ``group`` (equal rewards give every member a zero advantage)."""
+    rewards = {getattr(t, "reward", None) for t in getattr(group, "trajectories", ())}
+    return len(rewards) > 1

@@ -226,10 +226,22 @@ def test_some_trajectories_without_sampled_turns_are_named_and_counted(caplog):
     from tracerl.sampled_turns import check_sampled_turns
 
     sampled = tracerl.Trajectory(
-        messages_and_choices=[{"role": "user", "content": "q"}, tracerl.Choice(message={"role": "assistant", "content": "a"})]
+        messages_and_choices=[{"role": "user", "content": "q"}, tracerl.Choice(message={"role": "assistant", "content": "a"})],
+        reward=1.0,
     )
     empty = tracerl.Trajectory(messages_and_choices=[])
     with caplog.at_level("WARNING", logger="tracerl.train"):
         assert check_sampled_turns([tracerl.TrajectoryGroup([sampled, empty])]) == 1
     assert f"trajectory 1 (id {empty.id}): it is empty" in caplog.text and "1 of 2 trajectories" in caplog.text
     assert check_sampled_turns([]) == 0
+
+
+def test_groups_of_equal_rewards_are_not_checked_they_train_nothing_anyway():
+    """A step of equal-reward groups advances with the adapter unchanged (README), whatever they hold."""
+    from tracerl.sampled_turns import check_sampled_turns
+
+    equal = [tracerl.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=0.5) for _ in range(2)]
+    assert check_sampled_turns([tracerl.TrajectoryGroup(equal)]) == 0
+    equal[1].reward = 1.0
+    with pytest.raises(tracerl.TrajectoryError, match="none of the 2 trajectories"):
+        check_sampled_turns([tracerl.TrajectoryGroup(equal)])

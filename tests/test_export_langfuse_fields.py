@@ -165,8 +165,9 @@ async def test_acceptance_react_agent_in_langfuse(hosted, collector, langfuse):
     assert usage["input"] == sum(x["usage"]["prompt_tokens"] for x in responses)
     assert usage["output"] == sum(x["usage"]["completion_tokens"] for x in responses)
     for generation in generations:  # LangChain's own chat run is a plain span above the call closest to the wire
-        assert path(generation) == [("react-acceptance", "agent"), ("LangGraph", "chain"), ("agent", "agent"),
-                                    ("RunnableSequence", "chain"), ("chat gpt-4o-mini", "span")]  # fmt: skip
+        # LangChain 1.x create_agent: the graph's "model" node calls the chat model directly
+        assert path(generation) == [("react-acceptance", "agent"), ("LangGraph", "chain"), ("model", "chain"),
+                                    ("chat gpt-4o-mini", "span")]  # fmt: skip
     [tool] = [o for o in observations.values() if o.type == "tool"]
     assert tool.name == "lookup" and path(tool) == [("react-acceptance", "agent"), ("LangGraph", "chain"), ("tools", "chain")]
     assert {(o.trace_name, o.session_id) for o in observations.values()} == {("react-acceptance", "g-acceptance")}
