@@ -67,13 +67,28 @@ def candidate_from(item: Any) -> Candidate:
 
 
 def describe_group(candidates: Sequence[Candidate], name: str | None) -> str:
-    """A name for errors: the given one, else a content hash and the task's first user message."""
+    """A name for errors: the given one, else a content hash and the task.
+
+    The task is the last user message the trajectories share (worked examples shown before the
+    real task come earlier), or the first user message when they share none."""
     if name:
         return f"group {name!r}"
     digest = hashlib.sha256(json.dumps([c.messages for c in candidates], default=str).encode()).hexdigest()[:8]
-    first_user = next((m for c in candidates for m in c.messages if m.get("role") == "user"), None)
-    task = str(first_user.get("content", ""))[:60] if first_user else ""
+    shared = _shared_prefix([c.messages for c in candidates])
+    users = [m for m in shared if m.get("role") == "user"] or [
+        m for c in candidates[:1] for m in c.messages if m.get("role") == "user"
+    ][:1]
+    task = str(users[-1].get("content", ""))[:60] if users else ""
     return f"group {digest} ({len(candidates)} trajectories" + (f", task {task!r})" if task else ")")
+
+
+def _shared_prefix(message_lists: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    shared: list[dict[str, Any]] = []
+    for messages in zip(*message_lists):
+        if any(m != messages[0] for m in messages[1:]):
+            break
+        shared.append(messages[0])
+    return shared
 
 
 def _corrective(problem: AnswerProblem, ids: list[str]) -> str:

@@ -508,3 +508,17 @@ async def test_scores_reach_history_through_gather_and_model_log(tmp_path):
     stored = [json.loads(line) for line in model.run_dir.trajectories_path("train", 1).read_text().splitlines()]
     assert {t["metadata"]["ruler"]["rubric_version"] for t in stored} == {DEFAULT_RUBRIC_VERSION}
     assert all(t["logs"][-1].startswith("RULER ") for t in stored)
+
+
+def test_a_group_is_named_by_its_task_not_by_a_worked_example_before_it():
+    from tracerl.ruler.judge import candidate_from, describe_group
+
+    prefix = [
+        {"role": "user", "content": "What is 1 + 2?"},  # a worked example shown first
+        {"role": "assistant", "content": "3"},
+        {"role": "user", "content": "What is 40 + 2?"},
+    ]
+    candidates = [candidate_from([*prefix, {"role": "assistant", "content": answer}]) for answer in ("42", "41")]
+    assert "task 'What is 40 + 2?'" in describe_group(candidates, None)
+    alone = [candidate_from([{"role": "user", "content": f"q{i}"}]) for i in range(2)]  # nothing shared: the first one's
+    assert "task 'q0'" in describe_group(alone, None)
