@@ -46,6 +46,11 @@ class JudgeTarget:
     params: dict[str, Any] = field(default_factory=dict)
     structured: bool = True
     """Whether to ask for a JSON schema via ``response_format``."""
+    max_explanation_chars: int | None = None
+    """Bound on each explanation in that schema, for self-hosted endpoints: their guided decoding
+    (vLLM's xgrammar/outlines) enforces ``maxLength``, so a small judge's answer always closes
+    before ``max_tokens`` instead of being cut off mid-explanation.  None for hosted providers,
+    whose strict modes may refuse string-length keywords."""
     timeout: float | None = DEFAULT_JUDGE_TIMEOUT
     """Seconds per call (LiteLLM's ``timeout``); kept out of ``params`` so that cache keys ignore it."""
 
@@ -58,6 +63,10 @@ class Completion:
     cost_usd: float | None = None
     """Price of the call where LiteLLM knows the model's price, else None."""
     finish_reason: str | None = None
+
+
+EXPLANATION_CHARS = 240
+"""Explanation bound asked of self-hosted judges (about 60 tokens each)."""
 
 
 def litellm_module() -> Any:
@@ -94,7 +103,8 @@ def resolve_judge(judge_model: Any, extra_litellm_params: dict[str, Any] | None 
     params.update(extra)
     timeout = check_timeout(params.pop("timeout", DEFAULT_JUDGE_TIMEOUT), "the judge's timeout")
     structured = endpoint or _supports_schema(params["model"])
-    return JudgeTarget(label=label, params=params, structured=structured, timeout=timeout)
+    bound = EXPLANATION_CHARS if endpoint else None
+    return JudgeTarget(label=label, params=params, structured=structured, max_explanation_chars=bound, timeout=timeout)
 
 
 def _supports_schema(model: str) -> bool:

@@ -137,11 +137,14 @@ async def _judge_once(
     debug: bool,
 ) -> dict[str, ParsedScore]:
     """Scores by position id for one order: from the cache, or the judge plus one re-ask."""
-    key = cache_key(target.label, messages, {**target.params, "structured": target.structured}, occurrence)
+    shape: dict[str, Any] = {"structured": target.structured}
+    if target.max_explanation_chars is not None:  # another schema, another answer (hosted judges' keys unchanged)
+        shape["max_explanation_chars"] = target.max_explanation_chars
+    key = cache_key(target.label, messages, {**target.params, **shape}, occurrence)
     if cache is not None and (hit := _from_cache(cache.get(key), ids)) is not None:
         stats.cache_hits += 1
         return hit
-    schema = response_format(ids)
+    schema = response_format(ids, target.max_explanation_chars)
     first = await _call(target, messages, schema, stats, group)
     if debug:
         prompt = messages[-1]["content"]

@@ -27,13 +27,17 @@ class ParsedScore:
     explanation: str
 
 
-def response_format(ids: Sequence[str]) -> dict[str, Any]:
-    """OpenAI-style structured-output request for exactly ``len(ids)`` scores."""
+def response_format(ids: Sequence[str], max_explanation_chars: int | None = None) -> dict[str, Any]:
+    """OpenAI-style structured-output request for exactly ``len(ids)`` scores (explanations at most
+    ``max_explanation_chars`` long when given)."""
+    explanation: dict[str, Any] = {"type": "string"}
+    if max_explanation_chars is not None:
+        explanation["maxLength"] = max_explanation_chars
     entry = {
         "type": "object",
         "properties": {
             "trajectory_id": {"type": "string", "enum": list(ids)},
-            "explanation": {"type": "string"},
+            "explanation": explanation,
             "score": {"type": "number", "minimum": 0, "maximum": 1},
         },
         "required": ["trajectory_id", "explanation", "score"],

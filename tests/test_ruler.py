@@ -30,6 +30,7 @@ from tracerl.ruler import (
     ruler_score_group,
 )
 from tracerl.ruler.orders import judge_orders
+from tracerl.ruler.client import EXPLANATION_CHARS, resolve_judge
 from tracerl.ruler.parse import AnswerProblem, parse_answer, response_format
 from tracerl.ruler.render import Candidate, common_prefix_length, render_group, user_prompt
 
@@ -223,7 +224,10 @@ async def test_scores_come_back_to_the_right_trajectories(cache_dir):
         assert len(orders_seen) > 1, "the order shown to the judge is shuffled"
         request = server.requests[0]
         assert request["model"] == "scripted-judge"
-        assert request["response_format"]["json_schema"]["schema"]["properties"]["scores"]["maxItems"] == 3
+        scores_schema = request["response_format"]["json_schema"]["schema"]["properties"]["scores"]
+        assert scores_schema["maxItems"] == 3
+        # a self-hosted endpoint's guided decoding enforces it: a small judge's answer always closes
+        assert scores_schema["items"]["properties"]["explanation"]["maxLength"] == EXPLANATION_CHARS
         assert request["messages"][0]["role"] == "system" and "0 and 1" in request["messages"][0]["content"]
     assert scores.metrics["ruler_judge_requests"] == 1
     assert scores.metrics["ruler_judge_prompt_tokens"] == 100 and scores.metrics["ruler_judge_completion_tokens"] == 20
@@ -522,3 +526,10 @@ def test_a_group_is_named_by_its_task_not_by_a_worked_example_before_it():
     assert "task 'What is 40 + 2?'" in describe_group(candidates, None)
     alone = [candidate_from([{"role": "user", "content": f"q{i}"}]) for i in range(2)]  # nothing shared: the first one's
     assert "task 'q0'" in describe_group(alone, None)
+
+
+def test_hosted_judges_get_no_explanation_bound():
+    """Hosted providers' strict modes may refuse string-length keywords: only self-hosted endpoints get one."""
+    assert resolve_judge("openai/gpt-4.1-mini").max_explanation_chars is None
+    assert resolve_judge(JudgeEndpoint("http://127.0.0.1:1/v1", "m")).max_explanation_chars == EXPLANATION_CHARS
+    assert "maxLength" not in response_format(["1", "2"])["json_schema"]["schema"]["properties"]["scores"]["items"]["properties"]["explanation"]
