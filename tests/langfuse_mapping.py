@@ -204,7 +204,7 @@ def _input_output(a: Mapping[str, Any], domain: str) -> tuple[Any, Any]:
 def unused_attributes(a: Mapping[str, Any]) -> dict[str, str]:
     """The span attributes Langfuse keeps in the observation's ``metadata.attributes`` (as text)."""
     return {
-        k: v if isinstance(v, str) else json.dumps(v)
+        k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))  # JSON.stringify
         for k, v in a.items()
         if k not in _IO_KEYS and not k.startswith(_IO_PREFIXES)
     }

@@ -50,9 +50,9 @@ def normalize_tools(input_: Any, output: Any, metadata: Any) -> Tools:
             unique.append(call)
     return Tools(
         input=normalized_input, output=output, metadata=normalized_metadata,
-        tool_definitions={d["name"]: json.dumps({"description": d.get("description") or "", "parameters": d.get("parameters") or ""})
+        tool_definitions={d["name"]: _stringify({"description": d.get("description") or "", "parameters": d.get("parameters") or ""})
                           for d in definitions},
-        tool_calls=[json.dumps({"id": c["id"], "arguments": c["arguments"], "type": c.get("type") or "", "index": c.get("index") or 0})
+        tool_calls=[_stringify({"id": c["id"], "arguments": c["arguments"], "type": c.get("type") or "", "index": c.get("index") or 0})
                     for c in unique],
         tool_call_names=[c["name"] for c in unique],
     )  # fmt: skip
@@ -96,7 +96,7 @@ def _collect_tools(metadata: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]
         if found is not None:
             tools += found
         if rest:
-            kept["model_request_parameters"] = json.dumps(rest) if isinstance(attributes["model_request_parameters"], str) else rest
+            kept["model_request_parameters"] = _stringify(rest) if isinstance(attributes["model_request_parameters"], str) else rest
         else:
             kept.pop("model_request_parameters", None)
     indexed = sorted(((int(m.group(1)), k) for k in attributes if (m := _INDEXED_TOOL.match(k))))
@@ -191,7 +191,7 @@ def _definitions_of(input_: Any) -> list[dict[str, Any]]:
         if flat.get("name") and not any(d["name"] == flat["name"] for d in out):
             params = flat.get("parameters")
             out.append({"name": flat["name"], "description": flat.get("description"),
-                        "parameters": json.dumps(params) if params else None})  # fmt: skip
+                        "parameters": _stringify(params) if params else None})  # fmt: skip
 
     if not isinstance(input_, (dict, list)):
         return out
@@ -248,7 +248,7 @@ def _calls_of_message(message: dict[str, Any], calls: list[dict[str, Any]]) -> N
 def _content_calls(content: Any, calls: list[dict[str, Any]]) -> None:
     for part in content if isinstance(content, list) else []:
         if isinstance(part, dict) and part.get("type") == "tool_use":
-            _add_call(calls, {"id": part.get("id"), "name": part.get("name"), "arguments": json.dumps(part.get("input") or {}),
+            _add_call(calls, {"id": part.get("id"), "name": part.get("name"), "arguments": _stringify(part.get("input") or {}),
                               "type": "tool_use"})  # fmt: skip
         elif isinstance(part, dict) and part.get("type") == "tool-call":
             _add_call(calls, part)
@@ -264,7 +264,7 @@ def _add_call(calls: list[dict[str, Any]], call: Any) -> None:
     raw = next((v for v in ((function or {}).get("arguments"), call.get("arguments"), call.get("args"), call.get("input")) if v is not None), None)
     calls.append({
         "id": str(call.get("call_id") or call.get("id") or call.get("toolCallId") or ""), "name": name,
-        "arguments": raw if isinstance(raw, str) else json.dumps(raw if raw is not None else {}),
+        "arguments": raw if isinstance(raw, str) else _stringify(raw if raw is not None else {}),
         "type": call.get("type") or ("function" if function else None), "index": call.get("index"),
     })  # fmt: skip
 
@@ -297,6 +297,11 @@ def _array(value: Any) -> list[Any] | None:
             return None
         return parsed if isinstance(parsed, list) else None
     return None
+
+
+def _stringify(value: Any) -> str:
+    """``JSON.stringify``: no spaces after separators."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _parse(value: Any) -> Any:
