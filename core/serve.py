@@ -34,6 +34,7 @@ from .model import DEFAULT_BASE_PATH, TrainableModel
 from .redact import register_secret
 from .remote_backend import API, decode_groups
 from .serve_http import DEFAULT_MAX_BODY_MB, BodyLimit, BodyTooLargeError
+from .serve_idempotency import DEFAULT_KEYS_PER_MODEL, IDEMPOTENCY_HEADER, TrainResults
 from .serve_policy import ForbiddenError, ModelPolicy
 from .untraced import untraced_fastapi
 
@@ -99,10 +100,11 @@ class _JSONErrorRoute(APIRoute):
 
 
 class _State:
-    """The models served here (by name, as ``LocalBackend`` keys them) and their train locks."""
+    """The models served here (by name, as ``LocalBackend`` keys them), their train locks and recent train results."""
 
-    def __init__(self, backend: "Backend", base_path: Any) -> None:
+    def __init__(self, backend: "Backend", base_path: Any, keys_per_model: int = DEFAULT_KEYS_PER_MODEL) -> None:
         self.backend = backend
+        self.results = TrainResults(keys_per_model)
         self.base_path = base_path
         self.models: dict[str, TrainableModel] = {}
         self.requested: dict[str, RegisterRequest] = {}  # as the client asked (base_model before the policy resolved it)
@@ -218,23 +220,27 @@ def create_app(
 
     @router.post(API + "/models/{project}/{name}/train")
     async def train(project: str, name: str, request: Request) -> Response:
-        body = await _json(request)
+        raw = await request.body()
+        body = _parse_json(raw)
         kwargs = body.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise ConfigError("'kwargs' must be a JSON object of train keyword arguments")
         model = state.model(project, name)
         inspect.signature(backend.train).bind(model, [], **kwargs)  # unknown keyword: TypeError before any work
         groups = decode_groups(body.get("groups"))
-        async with state.locks[name]:  # one step at a time per model; others queue
-            result = await backend.train(model, groups, **kwargs)
-        return _answer(
-            {
+
+        async def step() -> dict[str, Any]:
+            async with state.locks[name]:  # one step at a time per model; others queue
+                result = await backend.train(model, groups, **kwargs)
+            return {
                 "step": result.step,
                 "metrics": result.metrics,
                 "checkpoint_path": result.checkpoint_path,
                 "inference_model_name": model.get_inference_name(result.step),
             }
-        )
+
+        # a retried call (same Idempotency-Key) gets the first call's answer, waiting for it if it still runs
+        return _answer(await state.results.run(name, request.headers.get(IDEMPOTENCY_HEADER), raw, step))
 
     @router.get(API + "/models/{project}/{name}/step")
     async def get_step(project: str, name: str) -> dict[str, Any]:
@@ -282,8 +288,12 @@ def _answer(body: dict[str, Any]) -> Response:
 
 
 async def _json(request: Request) -> dict[str, Any]:
+    return _parse_json(await request.body())
+
+
+def _parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = await request.json()
+        body = json.loads(raw)
     except ValueError as error:
         raise ConfigError(f"the request body is not valid JSON: {error}") from error
     if not isinstance(body, dict):
