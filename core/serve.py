@@ -36,6 +36,7 @@ from .remote_backend import API, decode_groups
 from .serve_http import DEFAULT_MAX_BODY_MB, BodyLimit, BodyTooLargeError
 from .serve_idempotency import DEFAULT_KEYS_PER_MODEL, IDEMPOTENCY_HEADER, TrainResults
 from .serve_policy import ForbiddenError, ModelPolicy
+from .timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
 from .untraced import untraced_fastapi
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,8 +103,11 @@ class _JSONErrorRoute(APIRoute):
 class _State:
     """The models served here (by name, as ``LocalBackend`` keys them), their train locks and recent train results."""
 
-    def __init__(self, backend: "Backend", base_path: Any, keys_per_model: int = DEFAULT_KEYS_PER_MODEL) -> None:
+    def __init__(
+        self, backend: "Backend", base_path: Any, inference_timeout: float | None, keys_per_model: int = DEFAULT_KEYS_PER_MODEL
+    ) -> None:
         self.backend = backend
+        self.inference_timeout = inference_timeout
         self.results = TrainResults(keys_per_model)
         self.base_path = base_path
         self.models: dict[str, TrainableModel] = {}
@@ -114,8 +118,9 @@ class _State:
 
     @property
     def http(self) -> httpx.AsyncClient:
-        if self._http is None:  # created inside the serving loop; no read timeout: generation can be slow
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+        if self._http is None:  # created inside the serving loop
+            # read/write/pool: a slow generation is fine, a hung inference server must not hold the caller forever
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self.inference_timeout, connect=10.0))
         return self._http
 
     def model(self, project: str, name: str) -> TrainableModel:
@@ -150,6 +155,7 @@ def create_app(
     base_path: Any = None,
     max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
     policy: ModelPolicy | None = None,
+    inference_timeout: float | None = DEFAULT_INFERENCE_TIMEOUT,
 ) -> FastAPI:
     """The ``tracerl serve`` app around ``backend`` (closed when the app shuts down).
 
@@ -158,10 +164,13 @@ def create_app(
     must not make the server buffer gigabytes).
     ``policy``: which base models, LoRA ranks and how many models clients may register (default
     :class:`~tracerl.serve_policy.ModelPolicy`: the embedded model only, rank <= 64, 4 models).
+    ``inference_timeout``: seconds the ``/v1`` proxy waits for the inference server (between bytes
+    of an answer); past it the caller gets a 504 ``InferenceTimeoutError``.
     """
     token = token or None
     policy = policy or ModelPolicy()
-    state = _State(backend, base_path or getattr(backend, "path", None) or DEFAULT_BASE_PATH)
+    inference_timeout = check_timeout(inference_timeout, "inference_timeout")
+    state = _State(backend, base_path or getattr(backend, "path", None) or DEFAULT_BASE_PATH, inference_timeout)
     register_secret(token)  # never in this process's logs, spans or files (tracerl.redact)
 
     @contextlib.asynccontextmanager
@@ -263,7 +272,7 @@ def create_app(
     async def list_models() -> dict[str, Any]:
         data: list[Any] = []
         for url in sorted({m.inference_base_url for m in state.models.values() if m.inference_base_url}):
-            response = await _upstream_call(state.http.get(f"{url}/models"))
+            response = await _upstream_call(state.http.get(f"{url}/models"), state.inference_timeout)
             data += response.json().get("data", [])
         return {"object": "list", "data": data}
 
@@ -301,9 +310,15 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def _upstream_call(call: Any) -> httpx.Response:
+async def _upstream_call(call: Any, timeout: float | None) -> httpx.Response:
     try:
         return await call
+    except httpx.ConnectTimeout as error:
+        raise ServeError(502, "InferenceServerError", f"the inference server could not be reached: {error}") from error
+    except httpx.TimeoutException as error:
+        raise ServeError(
+            504, "InferenceTimeoutError", f"the inference server did not answer {within(timeout)} (tracerl serve --inference-timeout)"
+        ) from error
     except httpx.HTTPError as error:
         raise ServeError(502, "InferenceServerError", f"the inference server did not answer: {type(error).__name__}: {error}") from error
 
@@ -317,7 +332,7 @@ async def _proxy(state: _State, request: Request, route: str) -> Response:
         raise ServeError(400, "invalid_request_error", f"the request body is not a JSON object: {error}") from error
     upstream = state.upstream(requested)
     outgoing = state.http.build_request("POST", upstream + route, content=content, headers={"content-type": "application/json"})
-    response = await _upstream_call(state.http.send(outgoing, stream=True))
+    response = await _upstream_call(state.http.send(outgoing, stream=True), state.inference_timeout)
     return StreamingResponse(
         _relay(response), status_code=response.status_code, media_type=response.headers.get("content-type", "application/json")
     )
