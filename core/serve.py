@@ -20,7 +20,7 @@ import hmac
 import inspect
 import json
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, TextIO
 
 import httpx
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -33,7 +33,7 @@ from .errors import CheckpointError, ConfigError
 from .model import DEFAULT_BASE_PATH, TrainableModel
 from .redact import register_secret
 from .remote_backend import API, decode_groups
-from .serve_http import DEFAULT_MAX_BODY_MB, BodyLimit, BodyTooLargeError
+from .serve_http import DEFAULT_MAX_BODY_MB, AccessLog, BodyLimit, BodyTooLargeError
 from .serve_idempotency import DEFAULT_KEYS_PER_MODEL, IDEMPOTENCY_HEADER, TrainResults
 from .serve_policy import ForbiddenError, ModelPolicy
 from .timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
@@ -156,6 +156,7 @@ def create_app(
     max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
     policy: ModelPolicy | None = None,
     inference_timeout: float | None = DEFAULT_INFERENCE_TIMEOUT,
+    access_log: TextIO | None = None,
 ) -> FastAPI:
     """The ``tracerl serve`` app around ``backend`` (closed when the app shuts down).
 
@@ -166,6 +167,8 @@ def create_app(
     :class:`~tracerl.serve_policy.ModelPolicy`: the embedded model only, rank <= 64, 4 models).
     ``inference_timeout``: seconds the ``/v1`` proxy waits for the inference server (between bytes
     of an answer); past it the caller gets a 504 ``InferenceTimeoutError``.
+    ``access_log``: a text stream that gets one line per request (client, method, path, status,
+    duration, bytes; never headers, query strings or bodies).
     """
     token = token or None
     policy = policy or ModelPolicy()
@@ -287,6 +290,8 @@ def create_app(
     app.include_router(public)
     app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if access_log is not None:
+        app.add_middleware(AccessLog, stream=access_log)  # added last, so outermost: it sees the 413s too
     return app
 
 
