@@ -129,16 +129,20 @@ class _State:
             raise ServeError(404, "CheckpointError", f"model {project}/{name} is not registered here: register it first")
         return model
 
-    def upstream(self, requested: Any) -> str:
-        """Inference base URL (``.../v1``) serving ``requested`` (``"name@step"``, ``"name"``)."""
-        served = {n: m.inference_base_url for n, m in self.models.items() if m.inference_base_url}
+    def served(self) -> dict[str, TrainableModel]:
+        return {n: m for n, m in self.models.items() if m.inference_base_url}
+
+    def upstream(self, requested: Any) -> TrainableModel:
+        """The model whose inference server (``inference_base_url``, ``inference_api_key``) serves
+        ``requested`` (``"name@step"``, ``"name"``)."""
+        served = self.served()
         if not served:
             raise ServeError(503, "InferenceServerError", "no model is being served here (register one; or the server runs with --inference none)")
         name = str(requested or "").split("@", 1)[0]
         if name in served:
-            return str(served[name])
-        if len(set(served.values())) == 1:  # one server: let it answer "base" or an unknown name itself
-            return str(next(iter(served.values())))
+            return served[name]
+        if len({m.inference_base_url for m in served.values()}) == 1:  # one server: let it answer "base" or an unknown name itself
+            return next(iter(served.values()))
         raise ServeError(404, "not_found_error", f"The model `{requested}` does not exist. Served: {sorted(served)}")
 
     async def close(self) -> None:
@@ -274,8 +278,10 @@ def create_app(
     @router.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         data: list[Any] = []
-        for url in sorted({m.inference_base_url for m in state.models.values() if m.inference_base_url}):
-            response = await _upstream_call(state.http.get(f"{url}/models"), state.inference_timeout)
+        by_url = {m.inference_base_url: m for m in state.served().values()}
+        for url in sorted(by_url):
+            call = state.http.get(f"{url}/models", headers=_upstream_headers(by_url[url]))
+            response = await _upstream_call(call, state.inference_timeout)
             data += response.json().get("data", [])
         return {"object": "list", "data": data}
 
@@ -315,6 +321,11 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _upstream_headers(model: TrainableModel) -> dict[str, str]:
+    """The inference server's own per-process key (``LocalBackend`` set it on the model)."""
+    return {"Authorization": f"Bearer {model.inference_api_key}"} if model.inference_api_key else {}
+
+
 async def _upstream_call(call: Any, timeout: float | None) -> httpx.Response:
     try:
         return await call
@@ -335,8 +346,9 @@ async def _proxy(state: _State, request: Request, route: str) -> Response:
         requested = json.loads(content).get("model")
     except (ValueError, AttributeError) as error:
         raise ServeError(400, "invalid_request_error", f"the request body is not a JSON object: {error}") from error
-    upstream = state.upstream(requested)
-    outgoing = state.http.build_request("POST", upstream + route, content=content, headers={"content-type": "application/json"})
+    model = state.upstream(requested)
+    headers = {"content-type": "application/json", **_upstream_headers(model)}  # the caller's own token stays here
+    outgoing = state.http.build_request("POST", f"{model.inference_base_url}{route}", content=content, headers=headers)
     response = await _upstream_call(state.http.send(outgoing, stream=True), state.inference_timeout)
     return StreamingResponse(
         _relay(response), status_code=response.status_code, media_type=response.headers.get("content-type", "application/json")
