@@ -71,7 +71,3 @@ class TrainResults:
             entries = self._entries.get(model, {})
             if key in entries and entries[key].task is task:
                 del entries[key]
-
-    def drop(self, model: str) -> None:
-        """Forget a model's keys."""
-        self._entries.pop(model, None)
