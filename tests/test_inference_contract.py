@@ -156,6 +156,9 @@ async def test_a_caller_without_the_servers_key_gets_401(server, adapters):
                                        ("POST", "/v1/load_lora_adapter", load)]:  # fmt: skip
                 response = await http.request(method, path, json=body, headers=headers)
                 assert response.status_code == 401, (path, headers, response.text)
+        if getattr(server, "vllm_url", None):  # vLLM's own port, behind the proxy, checks the same key (VLLM_API_KEY)
+            for method, path, body in [("POST", "/v1/chat/completions", chat), ("POST", "/v1/load_lora_adapter", load)]:
+                assert (await http.request(method, server.vllm_url + path, json=body)).status_code == 401
         keyed = {"Authorization": f"Bearer {server.api_key}"}
         names = {m["id"] for m in (await http.get("/v1/models", headers=keyed)).json()["data"]}
         assert f"{SERVED}@evil" not in names  # the unauthorised load did nothing
