@@ -188,7 +188,7 @@ def measure_train(folder: Path, shape: dict[str, Any], args: argparse.Namespace)
     return result
 
 
-async def _decode_round(base_url: str, concurrency: int, prompt: str, max_tokens: int) -> dict[str, Any]:
+async def _decode_round(base_url: str, concurrency: int, prompt: str, max_tokens: int, api_key: str) -> dict[str, Any]:
     import httpx
 
     body = {"model": "base", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
@@ -204,7 +204,7 @@ async def _decode_round(base_url: str, concurrency: int, prompt: str, max_tokens
         latencies.append(time.perf_counter() - started)
         tokens += int(response.json()["usage"]["completion_tokens"])
 
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with httpx.AsyncClient(timeout=600, headers={"Authorization": f"Bearer {api_key}"}) as client:
         started = time.perf_counter()
         await asyncio.gather(*(one(client) for _ in range(concurrency)))
         wall = time.perf_counter() - started
@@ -223,8 +223,8 @@ def measure_decode(folder: Path, shape: dict[str, Any], args: argparse.Namespace
         await server.start()
         try:
             prompt = " ".join(f"w{t}" for t in random_words(args.decode_prompt_tokens, shape["vocab_size"], seed=7))
-            await _decode_round(server.base_url, 1, prompt, 2)  # warm-up: first kernels, allocator
-            rounds = [await _decode_round(server.base_url, c, prompt, args.decode_tokens) for c in CONCURRENCY]
+            await _decode_round(server.base_url, 1, prompt, 2, server.api_key)  # warm-up: first kernels, allocator
+            rounds = [await _decode_round(server.base_url, c, prompt, args.decode_tokens, server.api_key) for c in CONCURRENCY]
             return {"dtype": str(server.engine.dtype).removeprefix("torch."), "rounds": rounds,
                     "max_batch_rows": server.engine.stats["max_rows"], **_peak_memory_mb(args.device)}
         finally:

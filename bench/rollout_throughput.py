@@ -50,7 +50,7 @@ async def bench_server(kind: str, model_path: Path, adapter: str, tokens: int) -
         started = time.monotonic()
         await server.load_adapter("bench@1", adapter)
         load = time.monotonic() - started
-        client = AsyncOpenAI(base_url=server.base_url, api_key="x", timeout=3600, max_retries=0)
+        client = AsyncOpenAI(base_url=server.base_url, api_key=server.api_key, timeout=3600, max_retries=0)
 
         async def one(model: str, prompt: str) -> int:
             response = await client.chat.completions.create(

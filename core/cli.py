@@ -102,6 +102,8 @@ def serve(
     allow_hub_downloads: bool = typer.Option(False, "--allow-hub-downloads", help="Let clients name a Hugging Face hub id for the server to download."),
     max_lora_rank: int = typer.Option(64, help="Highest LoRA rank a client may ask for."),
     max_models: int = typer.Option(4, help="Most models served at once (each may start an inference server)."),
+    inference_timeout: float = typer.Option(600.0, help="Seconds the /v1 proxy waits for the inference server before answering 504."),
+    access_log: Optional[str] = typer.Option(None, help="Append one line per request to this file ('-': stderr); never headers or bodies."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
@@ -126,6 +128,8 @@ def serve(
 
     if not max_body_mb > 0:
         raise typer.BadParameter("must be > 0", param_hint="--max-body-mb")
+    if not inference_timeout > 0:
+        raise typer.BadParameter("must be > 0", param_hint="--inference-timeout")
     from .serve_policy import ModelPolicy
 
     try:
@@ -137,9 +141,16 @@ def serve(
         backend = LocalBackend(path, inference=kind)  # type: ignore[arg-type]
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--inference") from error
+    import sys
+
+    log_stream = None if access_log is None else sys.stderr if access_log == "-" else open(access_log, "a", buffering=1)  # noqa: SIM115 - lives as long as the server
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     typer.echo(f"tracerl serve: backend at {url}  ->  tracerl.RemoteBackend({url!r}{', token=...' if token else ''})", err=True)
-    uvicorn.run(create_app(backend, token=token, max_body_bytes=int(max_body_mb * 2**20), policy=policy), host=host, port=port, log_level="info", access_log=False)
+    served = create_app(
+        backend, token=token, max_body_bytes=int(max_body_mb * 2**20), policy=policy,
+        inference_timeout=inference_timeout, access_log=log_stream,
+    )  # fmt: skip
+    uvicorn.run(served, host=host, port=port, log_level="info", access_log=False)  # uvicorn's own access log is off: ours never logs query strings
 
 
 @app.command("mcp-rl")

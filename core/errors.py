@@ -107,6 +107,10 @@ class RemoteConnectionError(RemoteBackendError, ConnectionError):
     """``tracerl serve`` could not be reached, or the connection broke mid-request."""
 
 
+class RemoteTimeoutError(RemoteBackendError, TimeoutError):
+    """``tracerl serve`` did not answer in time (knobs: ``RemoteBackend(timeout=..., train_timeout=...)``)."""
+
+
 class RunLockedError(CheckpointError):
     """Another live process trains this model (holds its run lock); ``pid`` and ``host`` name it.
 

@@ -116,7 +116,7 @@ class LocalBackend:
             await server.start()
             await server.load_adapter(model.get_inference_name(step), str(run_dir.checkpoint_path(step)))
             model.inference_base_url = server.base_url
-            model.inference_api_key = "tracerl"
+            model.inference_api_key = getattr(server, "api_key", None) or "tracerl"  # the server's per-process key
         model.inference_model_name = model.get_inference_name(step)
 
     def _state(self, model: Model) -> _Registered:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import uuid
 from typing import Any, Iterable
 
 import httpx
@@ -25,6 +27,7 @@ from .errors import (
     NonFiniteError,
     RemoteBackendError,
     RemoteConnectionError,
+    RemoteTimeoutError,
     TooManyExceptionsError,
     TrajectoryError,
 )
@@ -32,10 +35,15 @@ from .model import Model, TrainableModel
 from .redact import register_secret
 from .types import TrainResult, TrajectoryGroup
 
+log = logging.getLogger("tracerl")
+
 API = "/tracerl/v1"
 """Prefix of the backend endpoints; bumped when the wire format changes incompatibly."""
 
 TOKEN_ENV = "TRACERL_SERVE_TOKEN"
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # tracerl.serve_idempotency reads it
+DEFAULT_TRAIN_TIMEOUT = 1800.0
+"""Seconds for one ``train`` or ``register`` call: a CPU step or a vLLM start takes minutes, a hung server forever."""
 
 
 # Server-side error types re-raised client-side as the same class, so ``except ConfigError`` etc.
@@ -80,13 +88,20 @@ class RemoteBackend:
         *,
         token: str | None = None,
         timeout: float = 60.0,
-        train_timeout: float | None = None,
+        train_timeout: float | None = DEFAULT_TRAIN_TIMEOUT,
+        train_retries: int = 2,
     ) -> None:
         """``token`` defaults to ``$TRACERL_SERVE_TOKEN``.
 
         ``timeout`` bounds quick calls (step, checkpoints, health) and connecting;
         ``train_timeout`` bounds ``train`` and ``register`` (model loading), ``None``: no limit.
+        ``train_retries``: how often a ``train`` call that timed out or lost its connection is sent
+        again.  Every attempt carries the call's ``Idempotency-Key``, so the server trains once and a
+        retry gets the first attempt's result (waiting for it while it runs): client and server stay
+        at the same step.
         """
+        if isinstance(train_retries, bool) or not isinstance(train_retries, int) or train_retries < 0:
+            raise ConfigError(f"train_retries must be an integer >= 0, got {train_retries!r}")
         url = url.strip().rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"RemoteBackend url must start with http:// or https://, got {url!r}")
@@ -95,6 +110,7 @@ class RemoteBackend:
         register_secret(self.token)  # it travels as the rollouts' api_key: redacted wherever it is recorded
         self.timeout = timeout
         self.train_timeout = train_timeout
+        self.train_retries = train_retries
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._max_body_bytes: int | None = None  # the server's request size limit, learned at register
@@ -122,7 +138,18 @@ class RemoteBackend:
         """One GRPO step on the server; keywords are ``LocalBackend.train``'s (unknown ones: ``TypeError``)."""
         trainable = self._trainable(model)
         body = {"groups": encode_groups(trajectory_groups), "kwargs": kwargs}
-        answer = await self._request("POST", self._path(trainable, "train"), "train", body, timeout=self.train_timeout)
+        key = uuid.uuid4().hex  # one per call, the same on its retries
+        for attempt in range(self.train_retries + 1):
+            try:
+                answer = await self._request(
+                    "POST", self._path(trainable, "train"), "train", body, timeout=self.train_timeout, idempotency_key=key
+                )
+                break
+            except (RemoteTimeoutError, _ConnectionLost) as error:  # the server may have got it: ask again, same key
+                if attempt == self.train_retries:
+                    raise
+                log.warning("tracerl: %s; retrying train (%d of %d, same request id)", error, attempt + 1, self.train_retries)
+                await asyncio.sleep(min(0.5 * 2**attempt, 10.0))
         trainable._step_cache = int(answer["step"])
         trainable.inference_model_name = answer.get("inference_model_name") or trainable.get_inference_name(answer["step"])
         return TrainResult(
@@ -180,7 +207,14 @@ class RemoteBackend:
         return self._client
 
     async def _request(
-        self, method: str, path: str, what: str, body: dict[str, Any] | None = None, *, timeout: float | None | str = "default"
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float | None | str = "default",
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Send one request; translate transport failures and error answers into tracerl errors."""
         seconds = self.timeout if timeout == "default" else timeout
@@ -194,7 +228,9 @@ class RemoteBackend:
                 status=413,
                 error_type="BodyTooLargeError",
             )
-        headers = {"Content-Type": "application/json"} if body is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if idempotency_key is not None:
+            headers[IDEMPOTENCY_HEADER] = idempotency_key
         try:
             response = await self._http().request(
                 method, path, content=content, headers=headers, timeout=httpx.Timeout(seconds, connect=min(self.timeout, 30.0))
@@ -204,9 +240,9 @@ class RemoteBackend:
                 f"cannot reach {where} ({what}): {type(error).__name__}: {error}. Is `tracerl serve` running there?"
             ) from error
         except httpx.TimeoutException as error:
-            raise RemoteBackendError(f"{where}: {what} timed out after {seconds} s") from error
+            raise RemoteTimeoutError(f"{where}: {what} timed out after {seconds} s") from error
         except httpx.HTTPError as error:  # the server died or the connection dropped mid-request
-            raise RemoteConnectionError(f"lost the connection to {where} during {what}: {type(error).__name__}: {error}") from error
+            raise _ConnectionLost(f"lost the connection to {where} during {what}: {type(error).__name__}: {error}") from error
         if response.status_code >= 400:
             raise _error_from_response(response, where, what)
         try:
@@ -216,6 +252,10 @@ class RemoteBackend:
         if not isinstance(answer, dict):
             raise RemoteBackendError(f"{where}: {what} answered {type(answer).__name__}, expected a JSON object")
         return answer
+
+
+class _ConnectionLost(RemoteConnectionError):
+    """The connection broke after the request was sent: the server may have acted on it."""
 
 
 def _error_from_response(response: httpx.Response, where: str, what: str) -> Exception:

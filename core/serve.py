@@ -20,7 +20,7 @@ import hmac
 import inspect
 import json
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, TextIO
 
 import httpx
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -33,8 +33,10 @@ from .errors import CheckpointError, ConfigError
 from .model import DEFAULT_BASE_PATH, TrainableModel
 from .redact import register_secret
 from .remote_backend import API, decode_groups
-from .serve_http import DEFAULT_MAX_BODY_MB, BodyLimit, BodyTooLargeError
+from .serve_http import DEFAULT_MAX_BODY_MB, AccessLog, BodyLimit, BodyTooLargeError
+from .serve_idempotency import DEFAULT_KEYS_PER_MODEL, IDEMPOTENCY_HEADER, TrainResults
 from .serve_policy import ForbiddenError, ModelPolicy
+from .timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
 from .untraced import untraced_fastapi
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,10 +101,14 @@ class _JSONErrorRoute(APIRoute):
 
 
 class _State:
-    """The models served here (by name, as ``LocalBackend`` keys them) and their train locks."""
+    """The models served here (by name, as ``LocalBackend`` keys them), their train locks and recent train results."""
 
-    def __init__(self, backend: "Backend", base_path: Any) -> None:
+    def __init__(
+        self, backend: "Backend", base_path: Any, inference_timeout: float | None, keys_per_model: int = DEFAULT_KEYS_PER_MODEL
+    ) -> None:
         self.backend = backend
+        self.inference_timeout = inference_timeout
+        self.results = TrainResults(keys_per_model)
         self.base_path = base_path
         self.models: dict[str, TrainableModel] = {}
         self.requested: dict[str, RegisterRequest] = {}  # as the client asked (base_model before the policy resolved it)
@@ -112,8 +118,9 @@ class _State:
 
     @property
     def http(self) -> httpx.AsyncClient:
-        if self._http is None:  # created inside the serving loop; no read timeout: generation can be slow
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+        if self._http is None:  # created inside the serving loop
+            # read/write/pool: a slow generation is fine, a hung inference server must not hold the caller forever
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self.inference_timeout, connect=10.0))
         return self._http
 
     def model(self, project: str, name: str) -> TrainableModel:
@@ -122,16 +129,20 @@ class _State:
             raise ServeError(404, "CheckpointError", f"model {project}/{name} is not registered here: register it first")
         return model
 
-    def upstream(self, requested: Any) -> str:
-        """Inference base URL (``.../v1``) serving ``requested`` (``"name@step"``, ``"name"``)."""
-        served = {n: m.inference_base_url for n, m in self.models.items() if m.inference_base_url}
+    def served(self) -> dict[str, TrainableModel]:
+        return {n: m for n, m in self.models.items() if m.inference_base_url}
+
+    def upstream(self, requested: Any) -> TrainableModel:
+        """The model whose inference server (``inference_base_url``, ``inference_api_key``) serves
+        ``requested`` (``"name@step"``, ``"name"``)."""
+        served = self.served()
         if not served:
             raise ServeError(503, "InferenceServerError", "no model is being served here (register one; or the server runs with --inference none)")
         name = str(requested or "").split("@", 1)[0]
         if name in served:
-            return str(served[name])
-        if len(set(served.values())) == 1:  # one server: let it answer "base" or an unknown name itself
-            return str(next(iter(served.values())))
+            return served[name]
+        if len({m.inference_base_url for m in served.values()}) == 1:  # one server: let it answer "base" or an unknown name itself
+            return next(iter(served.values()))
         raise ServeError(404, "not_found_error", f"The model `{requested}` does not exist. Served: {sorted(served)}")
 
     async def close(self) -> None:
@@ -148,6 +159,8 @@ def create_app(
     base_path: Any = None,
     max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
     policy: ModelPolicy | None = None,
+    inference_timeout: float | None = DEFAULT_INFERENCE_TIMEOUT,
+    access_log: TextIO | None = None,
 ) -> FastAPI:
     """The ``tracerl serve`` app around ``backend`` (closed when the app shuts down).
 
@@ -156,10 +169,15 @@ def create_app(
     must not make the server buffer gigabytes).
     ``policy``: which base models, LoRA ranks and how many models clients may register (default
     :class:`~tracerl.serve_policy.ModelPolicy`: the embedded model only, rank <= 64, 4 models).
+    ``inference_timeout``: seconds the ``/v1`` proxy waits for the inference server (between bytes
+    of an answer); past it the caller gets a 504 ``InferenceTimeoutError``.
+    ``access_log``: a text stream that gets one line per request (client, method, path, status,
+    duration, bytes; never headers, query strings or bodies).
     """
     token = token or None
     policy = policy or ModelPolicy()
-    state = _State(backend, base_path or getattr(backend, "path", None) or DEFAULT_BASE_PATH)
+    inference_timeout = check_timeout(inference_timeout, "inference_timeout")
+    state = _State(backend, base_path or getattr(backend, "path", None) or DEFAULT_BASE_PATH, inference_timeout)
     register_secret(token)  # never in this process's logs, spans or files (tracerl.redact)
 
     @contextlib.asynccontextmanager
@@ -218,23 +236,27 @@ def create_app(
 
     @router.post(API + "/models/{project}/{name}/train")
     async def train(project: str, name: str, request: Request) -> Response:
-        body = await _json(request)
+        raw = await request.body()
+        body = _parse_json(raw)
         kwargs = body.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise ConfigError("'kwargs' must be a JSON object of train keyword arguments")
         model = state.model(project, name)
         inspect.signature(backend.train).bind(model, [], **kwargs)  # unknown keyword: TypeError before any work
         groups = decode_groups(body.get("groups"))
-        async with state.locks[name]:  # one step at a time per model; others queue
-            result = await backend.train(model, groups, **kwargs)
-        return _answer(
-            {
+
+        async def step() -> dict[str, Any]:
+            async with state.locks[name]:  # one step at a time per model; others queue
+                result = await backend.train(model, groups, **kwargs)
+            return {
                 "step": result.step,
                 "metrics": result.metrics,
                 "checkpoint_path": result.checkpoint_path,
                 "inference_model_name": model.get_inference_name(result.step),
             }
-        )
+
+        # a retried call (same Idempotency-Key) gets the first call's answer, waiting for it if it still runs
+        return _answer(await state.results.run(name, request.headers.get(IDEMPOTENCY_HEADER), raw, step))
 
     @router.get(API + "/models/{project}/{name}/step")
     async def get_step(project: str, name: str) -> dict[str, Any]:
@@ -256,8 +278,10 @@ def create_app(
     @router.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         data: list[Any] = []
-        for url in sorted({m.inference_base_url for m in state.models.values() if m.inference_base_url}):
-            response = await _upstream_call(state.http.get(f"{url}/models"))
+        by_url = {m.inference_base_url: m for m in state.served().values()}
+        for url in sorted(by_url):
+            call = state.http.get(f"{url}/models", headers=_upstream_headers(by_url[url]))
+            response = await _upstream_call(call, state.inference_timeout)
             data += response.json().get("data", [])
         return {"object": "list", "data": data}
 
@@ -272,6 +296,8 @@ def create_app(
     app.include_router(public)
     app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if access_log is not None:
+        app.add_middleware(AccessLog, stream=access_log)  # added last, so outermost: it sees the 413s too
     return app
 
 
@@ -282,8 +308,12 @@ def _answer(body: dict[str, Any]) -> Response:
 
 
 async def _json(request: Request) -> dict[str, Any]:
+    return _parse_json(await request.body())
+
+
+def _parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = await request.json()
+        body = json.loads(raw)
     except ValueError as error:
         raise ConfigError(f"the request body is not valid JSON: {error}") from error
     if not isinstance(body, dict):
@@ -291,9 +321,20 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _upstream_call(call: Any) -> httpx.Response:
+def _upstream_headers(model: TrainableModel) -> dict[str, str]:
+    """The inference server's own per-process key (``LocalBackend`` set it on the model)."""
+    return {"Authorization": f"Bearer {model.inference_api_key}"} if model.inference_api_key else {}
+
+
+async def _upstream_call(call: Any, timeout: float | None) -> httpx.Response:
     try:
         return await call
+    except httpx.ConnectTimeout as error:
+        raise ServeError(502, "InferenceServerError", f"the inference server could not be reached: {error}") from error
+    except httpx.TimeoutException as error:
+        raise ServeError(
+            504, "InferenceTimeoutError", f"the inference server did not answer {within(timeout)} (tracerl serve --inference-timeout)"
+        ) from error
     except httpx.HTTPError as error:
         raise ServeError(502, "InferenceServerError", f"the inference server did not answer: {type(error).__name__}: {error}") from error
 
@@ -305,9 +346,10 @@ async def _proxy(state: _State, request: Request, route: str) -> Response:
         requested = json.loads(content).get("model")
     except (ValueError, AttributeError) as error:
         raise ServeError(400, "invalid_request_error", f"the request body is not a JSON object: {error}") from error
-    upstream = state.upstream(requested)
-    outgoing = state.http.build_request("POST", upstream + route, content=content, headers={"content-type": "application/json"})
-    response = await _upstream_call(state.http.send(outgoing, stream=True))
+    model = state.upstream(requested)
+    headers = {"content-type": "application/json", **_upstream_headers(model)}  # the caller's own token stays here
+    outgoing = state.http.build_request("POST", f"{model.inference_base_url}{route}", content=content, headers=headers)
+    response = await _upstream_call(state.http.send(outgoing, stream=True), state.inference_timeout)
     return StreamingResponse(
         _relay(response), status_code=response.status_code, media_type=response.headers.get("content-type", "application/json")
     )

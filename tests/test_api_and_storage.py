@@ -22,7 +22,7 @@ EXPECTED_ALL = {
     "rollout", "trajectory", "trajectory_group",
     # typed faults (DESIGN §5.8)
     "InfrastructureError", "InferenceTimeoutError", "McpServerError", "McpTimeoutError", "RolloutTimeoutError",
-    "JudgeTimeoutError",
+    "JudgeTimeoutError", "RemoteTimeoutError",
 }
 
 

@@ -58,7 +58,7 @@ async def captured(served):
     for temperature in (1.0, 1.0, 0.7, 0.5, 0.3, 0.3):
         # the user's graph, unchanged: a plain ChatOpenAI pointed at the served model
         llm = ChatOpenAI(
-            model=model.get_inference_name(), base_url=model.inference_base_url, api_key="tracerl",
+            model=model.get_inference_name(), base_url=model.inference_base_url, api_key=model.inference_api_key,
             temperature=temperature, max_tokens=40, max_retries=0,
         )
         agent = langgraph_agent.build_agent(llm)

@@ -122,7 +122,7 @@ async def server(request, model_path):
 
 @pytest.fixture
 def client(server):
-    return AsyncOpenAI(base_url=server.base_url, api_key="tracerl", max_retries=0, timeout=300)
+    return AsyncOpenAI(base_url=server.base_url, api_key=server.api_key, max_retries=0, timeout=300)
 
 
 async def _chat(client, messages=HELLO, model=SERVED, **kwargs):
@@ -140,6 +140,32 @@ def _ids(choice) -> list[int]:
 def _rendered(tokenizer, messages, tools=None) -> list[int]:
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+async def test_a_caller_without_the_servers_key_gets_401(server, adapters):
+    """The server listens on loopback, where any local user can connect: without its random
+    per-process key nobody generates with it or swaps the adapter being trained."""
+    assert len(server.api_key) >= 32
+    root = server.base_url.removesuffix("/v1")
+    chat = {"model": SERVED, "messages": HELLO, "max_tokens": 2}
+    load = {"lora_name": f"{SERVED}@evil", "lora_path": adapters[1], "load_inplace": True}
+    async with httpx.AsyncClient(base_url=root, timeout=60) as http:
+        assert (await http.get("/health")).status_code == 200  # health stays open (readiness probes)
+        for headers in ({}, {"Authorization": "Bearer tracerl"}, {"Authorization": f"Bearer {server.api_key}x"}):
+            for method, path, body in [("POST", "/v1/chat/completions", chat), ("GET", "/v1/models", None),
+                                       ("POST", "/v1/load_lora_adapter", load)]:  # fmt: skip
+                response = await http.request(method, path, json=body, headers=headers)
+                assert response.status_code == 401, (path, headers, response.text)
+        if getattr(server, "vllm_url", None):  # vLLM's own port, behind the proxy, checks the same key (VLLM_API_KEY)
+            for method, path, body in [("POST", "/v1/chat/completions", chat), ("POST", "/v1/load_lora_adapter", load)]:
+                assert (await http.request(method, server.vllm_url + path, json=body)).status_code == 401
+        keyed = {"Authorization": f"Bearer {server.api_key}"}
+        names = {m["id"] for m in (await http.get("/v1/models", headers=keyed)).json()["data"]}
+        assert f"{SERVED}@evil" not in names  # the unauthorised load did nothing
+        assert (await http.post("/v1/chat/completions", json=chat, headers=keyed)).status_code == 200
+    from tracerl.redact import redact_text
+
+    assert server.api_key not in redact_text(f"the value {server.api_key} here")  # registered as a secret
 
 
 async def test_lifecycle_and_models(server, client):
@@ -260,7 +286,7 @@ async def test_adapters_load_swap_and_unload(server, client, adapters):
     assert _same(await _greedy(client), base)  # the base model is untouched
     names = {model.id for model in (await client.models.list()).data}
     assert {SERVED, f"{SERVED}@1", f"{SERVED}@2"} <= names
-    async with httpx.AsyncClient(base_url=server.base_url) as http:
+    async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {server.api_key}"}) as http:
         response = await http.post("/unload_lora_adapter", json={"lora_name": f"{SERVED}@2"})
         assert response.status_code == 200, response.text
         response = await http.post("/load_lora_adapter", json={"lora_name": f"{SERVED}@2", "lora_path": adapters[1]})

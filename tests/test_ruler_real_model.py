@@ -35,6 +35,7 @@ async def judge_model(smol_path, tmp_path_factory):
     try:
         assert await server.health()
         yield Model("ruler-judge", "ruler-real", inference_base_url=server.base_url, inference_model_name=SERVED,
+                    inference_api_key=server.api_key,
                     base_path=tmp_path_factory.mktemp("runs"))
     finally:
         await server.stop()

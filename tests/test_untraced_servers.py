@@ -81,7 +81,7 @@ def _ours(spans, port: int, upstream_port: int) -> list[str]:
 
 
 def _vllm_proxy(upstream):
-    server = types.SimpleNamespace(vllm_url=f"http://127.0.0.1:{upstream.port}", served_name="m", model_path="/models/m")
+    server = types.SimpleNamespace(vllm_url=f"http://127.0.0.1:{upstream.port}", served_name="m", model_path="/models/m", api_key="k")
     return build_proxy(server)
 
 
@@ -103,7 +103,7 @@ def test_tracerl_servers_emit_no_spans_into_the_user_provider(name, instrumentat
                 assert client.post("/tracerl/v1/models/register", json=register).status_code == 200
                 assert client.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
             elif name == "vLLM proxy":
-                assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+                assert client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer k"}).status_code == 200
             else:
                 assert client.get("/health").json() == {"status": "ok"}
                 client.post("/v1/chat/completions", json={"model": "m"})  # an error answer is traced too, if at all

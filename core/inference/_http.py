@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
+import secrets
 import socket
 import threading
 import time
@@ -65,6 +68,40 @@ def install_error_handlers(app: Any) -> None:
     async def _internal_error(_request: Any, error: Exception) -> JSONResponse:
         wrapped = OpenAIError(f"{type(error).__name__}: {error}", status=500, type="internal_error")
         return JSONResponse(wrapped.body(), status_code=500)
+
+
+def new_api_key() -> str:
+    """A random per-process key for an internal server, registered with :mod:`tracerl.redact`
+    so it never appears in spans, logs or written files."""
+    from ..redact import register_secret
+
+    key = secrets.token_urlsafe(32)
+    register_secret(key)
+    return key
+
+
+class BearerAuth:
+    """ASGI middleware: every path but ``open_paths`` needs ``Authorization: Bearer <key>``, else 401.
+
+    The internal servers listen on loopback, where any local user can connect: without the key
+    one could generate with, or swap, the adapter being trained (``/v1/load_lora_adapter``)."""
+
+    def __init__(self, app: Any, key: str, open_paths: tuple[str, ...] = ("/health",)) -> None:
+        self.app, self.expected, self.open_paths = app, f"Bearer {key}".encode(), open_paths
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") in self.open_paths or scope.get("method") == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        given = next((bytes(v) for k, v in scope.get("headers") or () if k.lower() == b"authorization"), b"")
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        error = OpenAIError("missing or wrong API key for this tracerl inference server", status=401, code="invalid_api_key")
+        body = json.dumps(error.body()).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
 
 
 def free_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

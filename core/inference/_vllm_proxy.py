@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ._http import OpenAIError, install_error_handlers
+from ._http import BearerAuth, OpenAIError, install_error_handlers
 from .protocol import stream_events
 from .tool_calls import parse_tool_calls
 from ..untraced import untraced_fastapi
@@ -69,11 +69,13 @@ def build_proxy(server: "VLLMServer") -> Any:
 
     app = untraced_fastapi(title="tracerl vLLM proxy")
     install_error_handlers(app)
+    app.add_middleware(BearerAuth, key=server.api_key)  # the same key as vLLM's, forwarded below
     clients: dict[str, httpx.AsyncClient] = {}
 
     def client() -> httpx.AsyncClient:
         if "c" not in clients:  # created lazily inside the proxy's own event loop
-            clients["c"] = httpx.AsyncClient(base_url=server.vllm_url, timeout=httpx.Timeout(3600, connect=10))
+            headers = {"Authorization": f"Bearer {server.api_key}"}
+            clients["c"] = httpx.AsyncClient(base_url=server.vllm_url, timeout=httpx.Timeout(3600, connect=10), headers=headers)
         return clients["c"]
 
     base_names = {server.served_name, "base", str(server.model_path)}

@@ -19,9 +19,10 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..errors import ConfigError, InferenceServerError, InsufficientMemoryError
-from ._http import BackgroundUvicorn, OpenAIError, install_error_handlers
+from ._http import BackgroundUvicorn, BearerAuth, OpenAIError, install_error_handlers, new_api_key
 from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request, stream_events
 from .tool_calls import parse_tool_calls
+from ..redact import register_secret
 from ..untraced import untraced_fastapi
 
 BASE_ALIASES = ("base",)
@@ -32,6 +33,8 @@ class TransformersServer:
 
     ``served_name`` (and ``"base"`` and the model path) serve the base model; adapters are
     served under the names given to :meth:`load_adapter` (e.g. ``"agent@3"``).
+    Every route but ``/health`` needs ``Authorization: Bearer <api_key>`` (random per server unless
+    given): ``LocalBackend`` hands it to the model (``model.inference_api_key``).
     """
 
     def __init__(
@@ -47,10 +50,13 @@ class TransformersServer:
         default_max_tokens: int | None = None,
         device: str | None = None,
         dtype: Any = None,
+        api_key: str | None = None,
     ) -> None:
         """``device``/``dtype``: where and in what format the model runs (default: CUDA in bf16 when
         visible, else CPU in fp32); ``max_batch_rows``: rows decoded together at most."""
         self.model_path = Path(model_path)
+        self.api_key = api_key or new_api_key()
+        register_secret(self.api_key)
         self.served_name = served_name
         self.host = host
         self._port = port
@@ -102,7 +108,7 @@ class TransformersServer:
         import httpx
 
         try:
-            async with httpx.AsyncClient(timeout=5) as client:
+            async with httpx.AsyncClient(timeout=5) as client:  # /health needs no key
                 return (await client.get(self.base_url.removesuffix("/v1") + "/health")).status_code == 200
         except httpx.HTTPError:
             return False
@@ -240,6 +246,7 @@ def build_app(server: TransformersServer) -> Any:
     """The FastAPI app of ``server`` (OpenAI routes + vLLM's adapter routes)."""
     app = untraced_fastapi(title="tracerl transformers server")
     install_error_handlers(app)
+    app.add_middleware(BearerAuth, key=server.api_key)
 
     async def json_body(request: Request) -> Any:
         try:

