@@ -2,7 +2,7 @@
 
 Three processes, as a deployment would have them: the simulated replicas
 (``bench/sim_replicas.py``: decode on a clock at this machine's measured vLLM speed), tracerl's
-router (``python -m tracerl.cluster.router``, the real one) and this driver, which runs
+router (``python -m tracerl.cluster``, the real one) and this driver, which runs
 ``gather_trajectory_groups`` over groups of rollouts.  Each rollout is the README's agent shape:
 ``--turns`` chat calls through ``model.openai_client()`` (``return_token_ids`` + logprobs,
 ``tracerl.Choice.from_openai``), then a ``Trajectory``.
@@ -83,7 +83,7 @@ async def run_config(replicas: int, rollouts: int, args: argparse.Namespace) -> 
             raise RuntimeError(f"sim replicas did not start: {line}{sim.stderr.read()[-2000:]}")
         urls = [f"http://127.0.0.1:{p}" for p in line.split()[1:]]
         port = free_port()
-        router = _start([sys.executable, "-m", "tracerl.cluster.router", "--port", str(port),
+        router = _start([sys.executable, "-m", "tracerl.cluster", "--port", str(port),
                          *[a for url in urls for a in ("--replica", url)]])
         await _wait_healthy(f"http://127.0.0.1:{port}/health")
         model = tracerl.Model("sim-agent", "scale-sim", inference_base_url=f"http://127.0.0.1:{port}/v1",

@@ -19,7 +19,7 @@ Rollouts keep one URL (``router.base_url``) however many replicas serve behind i
   ``name@step`` everywhere; the adapter path must be readable by each replica).
 
 It is an asyncio app on uvicorn (the FastAPI app is in :mod:`tracerl.cluster._app`), so one router process handles thousands of concurrent
-requests; ``python -m tracerl.cluster.router --replica URL --replica URL`` runs one standalone.
+requests; ``python -m tracerl.cluster --replica URL --replica URL`` runs one standalone.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ class UpstreamTimeout(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m tracerl.cluster.router --replica URL [--replica URL ...] [--host H --port P]``."""
+    """``python -m tracerl.cluster --replica URL [--replica URL ...] [--host H --port P]``."""
     p = argparse.ArgumentParser(description="OpenAI-compatible router over tracerl inference replicas")
     p.add_argument("--replica", action="append", required=True, help="a replica's base URL (repeat)")
     p.add_argument("--host", default="127.0.0.1")
