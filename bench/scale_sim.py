@@ -88,6 +88,9 @@ async def run_config(replicas: int, rollouts: int, args: argparse.Namespace) -> 
         await _wait_healthy(f"http://127.0.0.1:{port}/health")
         model = tracerl.Model("sim-agent", "scale-sim", inference_base_url=f"http://127.0.0.1:{port}/v1",
                               inference_api_key="sim", inference_timeout=3600)
+        # --direct: each group calls one replica itself (no router), to see what the router adds
+        direct = [tracerl.Model("sim-agent", "scale-sim", inference_base_url=f"{url}/v1", inference_api_key="sim",
+                                inference_timeout=3600) for url in urls]
         records: list[dict[str, float]] = []
 
         async def rollout(task: int) -> tracerl.Trajectory:
@@ -95,7 +98,8 @@ async def run_config(replicas: int, rollouts: int, args: argparse.Namespace) -> 
             messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {task} + {task}?"}]
             engine_s = 0.0
             for turn in range(args.turns):
-                completion = await model.openai_client().chat.completions.create(
+                client = (direct[task % len(direct)] if args.direct else model).openai_client()
+                completion = await client.chat.completions.create(
                     model="sim-agent", messages=[m if isinstance(m, dict) else m.message for m in messages],
                     max_tokens=args.tokens, logprobs=True, extra_body={"return_token_ids": True})
                 engine_s += float(completion.model_extra["tracerl_sim"]["engine_s"])
@@ -151,6 +155,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64, help="completion tokens per call")
     p.add_argument("--rate-at-knee", type=float, default=101.0, help="replica decode tokens/s at --knee concurrent (vLLM, measured)")
     p.add_argument("--knee", type=int, default=8)
+    p.add_argument("--direct", action="store_true", help="bypass the router: each group calls one replica")
     p.add_argument("--json", default=str(HERE / "scale_sim.json"))
     args = p.parse_args()
     results = []

@@ -105,7 +105,7 @@ class Router:
         self.max_attempts = max_attempts
         self.base_url = ""
         self._http: Any = None  # BackgroundUvicorn
-        self._client: httpx.AsyncClient | None = None
+        self._clients: dict[str, httpx.AsyncClient] = {}
         self._health_task: Any = None
 
     # --- InferenceServer -------------------------------------------------------------
@@ -155,22 +155,26 @@ class Router:
             self._health_task = None
         if self._http is not None:
             loop = self._http.loop
-            if self._client is not None and loop is not None and loop.is_running():
-                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._client.aclose(), loop))
-            self._client = None
+            if self._clients and loop is not None and loop.is_running():
+                clients = list(self._clients.values())
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_close_all(clients), loop))
+            self._clients = {}
             await asyncio.to_thread(self._http.stop)
             self._http = None
 
     # --- forwarding ------------------------------------------------------------------
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """The upstream HTTP client, created in the serving loop (thousands of pooled connections)."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(
+    def client(self, replica: Replica) -> httpx.AsyncClient:
+        """``replica``'s HTTP client, created in the serving loop.
+
+        One pool per replica, not one for all: httpcore's pool does work proportional to its
+        connections on every request, so a single pool of 1,000 connections slows every call."""
+        client = self._clients.get(replica.url)
+        if client is None:
+            client = self._clients[replica.url] = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=4096),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
             )
-        return self._client
+        return client
 
     async def forward(self, method: str, path: str, headers: Any, content: bytes, key: str | None) -> tuple[httpx.Response, Replica]:
         """Send one request to a replica (retrying on another when one fails before answering)."""
@@ -184,9 +188,10 @@ class Router:
                 if not tried:
                     raise
                 raise NoHealthyReplicaError(f"{error} (last failure: {last_error})", replicas=error.replicas) from None
-            request = self.client.build_request(method, replica.url + path, content=content, headers=outgoing)
+            client = self.client(replica)
+            request = client.build_request(method, replica.url + path, content=content, headers=outgoing)
             try:
-                response = await self.client.send(request, stream=True)
+                response = await client.send(request, stream=True)
             except httpx.TimeoutException as error:
                 if isinstance(error, httpx.ConnectTimeout):
                     last_error = self._failed(replica, tried, f"connect timeout ({self.connect_timeout:g} s)")
@@ -228,7 +233,7 @@ class Router:
 
         async def one(replica: Replica) -> tuple[str, int, bytes]:
             try:
-                answer = await self.client.post(replica.url + path, content=content, headers=outgoing)
+                answer = await self.client(replica).post(replica.url + path, content=content, headers=outgoing)
                 return replica.url, answer.status_code, answer.content
             except httpx.HTTPError as error:
                 return replica.url, 502, f"{type(error).__name__}: {error}".encode()
@@ -241,7 +246,7 @@ class Router:
 
         async def one(replica: Replica) -> None:
             try:
-                answer = await self.client.get(replica.url + "/health", timeout=self.health_timeout_s)
+                answer = await self.client(replica).get(replica.url + "/health", timeout=self.health_timeout_s)
                 ok, why = answer.status_code == 200, f"health check answered {answer.status_code}"
             except httpx.HTTPError as error:
                 ok, why = False, f"health check failed: {type(error).__name__}"
@@ -266,6 +271,11 @@ class Router:
             answer = await client.post(self.base_url + route, json=body)
         if answer.status_code != 200:
             raise InferenceServerError(f"{route} failed on some replicas ({answer.status_code}): {answer.text[:2000]}")
+
+
+async def _close_all(clients: list[httpx.AsyncClient]) -> None:
+    """Close the upstream clients in the loop they were created in."""
+    await asyncio.gather(*(client.aclose() for client in clients))
 
 
 class UpstreamTimeout(Exception):
