@@ -66,6 +66,17 @@ class InferenceServerError(InfrastructureError):
     """The inference server failed to start, died, dropped the connection, or answered 5xx."""
 
 
+class NoHealthyReplicaError(InferenceServerError):
+    """The router (``tracerl.cluster.Router``) has no healthy inference replica left for a request.
+
+    An infrastructure failure (recorded in ``group.exceptions``, never trained on); served over
+    HTTP as a 503 whose error type is this class's name.  ``replicas`` names each one and why."""
+
+    def __init__(self, message: str, *, replicas: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.replicas = dict(replicas or {})
+
+
 class InferenceTimeoutError(InferenceServerError, TimeoutError):
     """A model call did not answer in time (knob: ``Model(inference_timeout=...)``)."""
 

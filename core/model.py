@@ -76,13 +76,14 @@ class Model:
             )
         key = (self.inference_base_url, self.inference_api_key, self.inference_timeout)
         if self._client is None or self._client_key != key:
-            from openai import AsyncOpenAI
+            from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
             self._client = AsyncOpenAI(
                 base_url=self.inference_base_url,
                 api_key=self.inference_api_key or "tracerl",
                 max_retries=0,
                 timeout=self.inference_timeout,
+                http_client=DefaultAsyncHttpxClient(event_hooks={"request": [_tag_group]}),
             )
             self._client_key = key
         return self._client
@@ -266,3 +267,14 @@ def aggregate_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
     out["num_trajectories"] = float(len(trajectories))
     out["exception_rate"] = n_exceptions / total if total else 0.0
     return out
+
+
+async def _tag_group(request: Any) -> None:
+    """Name the rollout group on each model call (header ``x-tracerl-group``), so a router in front
+    of several replicas keeps a group's calls on one of them (its shared prompt is cached there)."""
+    from .cluster.router import GROUP_HEADER
+    from .types import current_group_id
+
+    group = current_group_id()
+    if group is not None and GROUP_HEADER not in request.headers:
+        request.headers[GROUP_HEADER] = group

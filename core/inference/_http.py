@@ -105,8 +105,14 @@ class BearerAuth:
 
 
 def free_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening-ready bound socket (port 0 picks a free one); handing it to uvicorn avoids races."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """A listening-ready bound socket (port 0 picks a free one); handing it to uvicorn avoids races.
+
+    Created with ``IPPROTO_TCP`` explicitly: asyncio turns Nagle off (``TCP_NODELAY``) only on
+    sockets whose ``proto`` says TCP, and accepted sockets inherit the listener's.  With ``proto=0``
+    every keep-alive answer (headers, then body: two writes) waited ~40 ms for the client's
+    delayed ACK — measured 43 ms per request on loopback, 3 ms with this."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock

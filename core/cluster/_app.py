@@ -1,0 +1,87 @@
+"""The router's HTTP surface: OpenAI routes relayed to a replica, adapter routes sent to all.
+
+Apart from :mod:`tracerl.cluster.router` because it needs FastAPI (the ``backend`` extra), while
+the router's constants and policy stay importable by a light agent process.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..errors import InferenceServerError, NoHealthyReplicaError
+from ..inference._http import OpenAIError, install_error_handlers
+from ..untraced import untraced_fastapi
+from .router import REPLICA_HEADER, UpstreamTimeout, _HOP_BY_HOP, group_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .router import Router
+
+
+def build_app(router: Router) -> Any:
+    """The router's FastAPI app (emits no spans of its own: see :mod:`tracerl.untraced`)."""
+    app = untraced_fastapi(title="tracerl router")
+    install_error_handlers(app)
+
+    async def proxied(request: Request, path: str) -> Any:
+        content = await request.body()
+        try:
+            body = json.loads(content) if content else None
+        except ValueError as error:
+            raise OpenAIError(f"the request body is not valid JSON: {error}") from error
+        try:
+            response, replica = await router.forward(request.method, path, request.headers, content,
+                                                     group_key(request.headers, body))
+        except NoHealthyReplicaError as error:
+            raise OpenAIError(str(error), status=503, type="NoHealthyReplicaError") from error
+        except UpstreamTimeout as error:
+            raise OpenAIError(str(error), status=504, type="InferenceTimeoutError") from error
+        except InferenceServerError as error:
+            raise OpenAIError(str(error), status=502, type="InferenceServerError") from error
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers[REPLICA_HEADER] = replica.url
+        return StreamingResponse(router.relay(response, replica), status_code=response.status_code, headers=headers)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await proxied(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        return await proxied(request, "/v1/completions")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Any:
+        return await proxied(request, "/v1/models")
+
+    async def fan_out(request: Request, path: str) -> Any:
+        results = await router.broadcast(path, await request.body(), request.headers)
+        failed = [(url, status, text) for url, status, text in results if status != 200]
+        if failed:
+            detail = "; ".join(f"{url}: {status} {text[:300].decode(errors='replace')}" for url, status, text in failed)
+            raise OpenAIError(f"{len(failed)} of {len(results)} replicas failed {path}: {detail}", status=502,
+                              type="InferenceServerError")
+        return Response(results[0][2], media_type="application/json")
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Any:
+        return await fan_out(request, "/v1/load_lora_adapter")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Any:
+        return await fan_out(request, "/v1/unload_lora_adapter")
+
+    @app.get("/health")
+    async def health() -> Any:
+        healthy = len(router.pool.healthy)
+        return JSONResponse({"status": "ok" if healthy else "no healthy replica", "healthy": healthy,
+                             "replicas": len(router.pool.replicas)}, status_code=200 if healthy else 503)
+
+    @app.get("/router/replicas")
+    async def replicas() -> Any:
+        return {"replicas": [r.state() for r in router.pool.replicas]}
+
+    return app

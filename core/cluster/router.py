@@ -1,0 +1,304 @@
+"""An OpenAI-compatible router in front of N inference replicas (vLLM or transformers servers).
+
+Rollouts keep one URL (``router.base_url``) however many replicas serve behind it:
+
+- each request goes to the replica with the fewest requests in flight, except that the requests
+  of one group stay on the replica that served the group first (see :mod:`tracerl.cluster.pool`);
+  the group is the ``x-tracerl-group`` header (``Model.openai_client()`` sends the id of the
+  group gathering the rollout), else the request's ``user`` field, else a hash of the prompt up
+  to its first user message (what a group's rollouts share), so any OpenAI client gets affinity;
+- a replica that refuses the connection, drops it before answering or answers 502/503/504 is
+  marked unhealthy and the request is retried on another one (``max_attempts``); a background
+  check of every replica's ``/health`` brings it back.  With none left the answer is a 503 of
+  type ``NoHealthyReplicaError`` (the same class :meth:`ReplicaPool.acquire` raises);
+- answers are relayed chunk by chunk (``stream: true`` server-sent events pass straight through);
+- every upstream call has a connect timeout and a request timeout (a 504 of type
+  ``InferenceTimeoutError`` past it);
+- ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` go to every replica, so the router
+  is itself an :class:`~tracerl.inference.InferenceServer` (``load_adapter`` hot-loads
+  ``name@step`` everywhere; the adapter path must be readable by each replica).
+
+It is an asyncio app on uvicorn (the FastAPI app is in :mod:`tracerl.cluster._app`), so one router process handles thousands of concurrent
+requests; ``python -m tracerl.cluster --replica URL --replica URL`` runs one standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+from typing import Any, AsyncIterator, Sequence
+
+import httpx
+
+from ..errors import InferenceServerError, NoHealthyReplicaError
+from ..timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
+from .pool import Replica, ReplicaPool
+
+log = logging.getLogger("tracerl.router")
+
+GROUP_HEADER = "x-tracerl-group"
+"""Request header naming the rollout group; requests with the same value share a replica."""
+REPLICA_HEADER = "x-tracerl-replica"
+"""Response header naming the replica that answered (for logs and tests)."""
+_HOP_BY_HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
+               "proxy-authorization", "proxy-connection", "accept-encoding", "content-encoding"}
+_RETRYABLE_STATUS = {502, 503, 504}
+
+
+def group_key(headers: Any, body: Any) -> str | None:
+    """The affinity key of a request: its group header, its ``user``, or its shared prompt's hash."""
+    explicit = headers.get(GROUP_HEADER)
+    if explicit:
+        return f"group:{explicit}"
+    if not isinstance(body, dict):
+        return None
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return f"user:{user}"
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages:
+        head = []
+        for message in messages:
+            head.append(message)
+            if isinstance(message, dict) and message.get("role") == "user":
+                break
+        shared: Any = [body.get("model"), head]
+    elif isinstance(body.get("prompt"), str):
+        shared = [body.get("model"), body["prompt"][:1024]]
+    else:
+        return None
+    digest = hashlib.sha1(json.dumps(shared, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"prompt:{digest}"
+
+
+class Router:
+    """Least-loaded, group-affine OpenAI router over ``replicas`` (base URLs, with or without ``/v1``)."""
+
+    def __init__(
+        self,
+        replicas: Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        request_timeout: float | None = DEFAULT_INFERENCE_TIMEOUT,
+        connect_timeout: float = 5.0,
+        health_interval_s: float = 2.0,
+        health_timeout_s: float = 5.0,
+        max_attempts: int = 2,
+        max_imbalance: int = 32,
+    ) -> None:
+        """``request_timeout``: seconds an upstream answer may take (None: no limit); ``max_attempts``:
+        replicas tried per request; ``max_imbalance``: how much busier than the idlest replica a
+        group's replica may be before a request of the group goes elsewhere."""
+        self.pool = ReplicaPool(replicas, max_imbalance=max_imbalance)
+        self.host = host
+        self._port = port
+        self.request_timeout = check_timeout(request_timeout, "request_timeout")
+        self.connect_timeout = check_timeout(connect_timeout, "connect_timeout")
+        self.health_interval_s = check_timeout(health_interval_s, "health_interval_s")
+        self.health_timeout_s = check_timeout(health_timeout_s, "health_timeout_s")
+        if max_attempts < 1:
+            raise InferenceServerError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.max_attempts = max_attempts
+        self.base_url = ""
+        self._http: Any = None  # BackgroundUvicorn
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._health_task: Any = None
+
+    # --- InferenceServer -------------------------------------------------------------
+    async def start(self) -> None:
+        """Serve on a background thread (its own event loop) and start the health checks there."""
+        from ..inference._http import BackgroundUvicorn
+
+        if self._http is not None and self._http.running:
+            return
+        from ._app import build_app
+
+        self._http = BackgroundUvicorn(build_app(self), host=self.host, port=self._port, name="tracerl-router")
+        port = await asyncio.to_thread(self._http.start)
+        self.base_url = f"http://{self.host}:{port}/v1"
+        self._health_task = asyncio.run_coroutine_threadsafe(self._health_loop(), self._http.loop)
+
+    async def serve(self) -> None:
+        """Serve in the current event loop until cancelled (the standalone ``python -m`` form)."""
+        import uvicorn
+
+        from ..inference._http import free_socket
+        from ._app import build_app
+
+        sock = free_socket(self.host, self._port)
+        self.base_url = f"http://{self.host}:{sock.getsockname()[1]}/v1"
+        server = uvicorn.Server(uvicorn.Config(build_app(self), log_level="warning", lifespan="off", access_log=False))
+        health = asyncio.create_task(self._health_loop())
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            health.cancel()
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Hot-load the adapter folder ``path`` as ``name`` on every replica (through the router's fan-out)."""
+        await self._own_call("/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": True})
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._own_call("/unload_lora_adapter", {"lora_name": name})
+
+    async def health(self) -> bool:
+        """True while the router runs and at least one replica is healthy."""
+        return self._http is not None and self._http.running and bool(self.pool.healthy)
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            self._health_task = None
+        if self._http is not None:
+            loop = self._http.loop
+            if self._clients and loop is not None and loop.is_running():
+                clients = list(self._clients.values())
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_close_all(clients), loop))
+            self._clients = {}
+            await asyncio.to_thread(self._http.stop)
+            self._http = None
+
+    # --- forwarding ------------------------------------------------------------------
+    def client(self, replica: Replica) -> httpx.AsyncClient:
+        """``replica``'s HTTP client, created in the serving loop.
+
+        One pool per replica, not one for all: httpcore's pool does work proportional to its
+        connections on every request, so a single pool of 1,000 connections slows every call."""
+        client = self._clients.get(replica.url)
+        if client is None:
+            client = self._clients[replica.url] = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
+            )
+        return client
+
+    async def forward(self, method: str, path: str, headers: Any, content: bytes, key: str | None) -> tuple[httpx.Response, Replica]:
+        """Send one request to a replica (retrying on another when one fails before answering)."""
+        outgoing = {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
+        tried: list[str] = []
+        last_error = ""
+        for _attempt in range(self.max_attempts):
+            try:
+                replica = self.pool.acquire(key, exclude=tried)
+            except NoHealthyReplicaError as error:
+                if not tried:
+                    raise
+                raise NoHealthyReplicaError(f"{error} (last failure: {last_error})", replicas=error.replicas) from None
+            client = self.client(replica)
+            request = client.build_request(method, replica.url + path, content=content, headers=outgoing)
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.TimeoutException as error:
+                if isinstance(error, httpx.ConnectTimeout):
+                    last_error = self._failed(replica, tried, f"connect timeout ({self.connect_timeout:g} s)")
+                    continue
+                self.pool.release(replica, error=f"no answer {within(self.request_timeout)}")
+                raise UpstreamTimeout(replica.url, self.request_timeout) from error
+            except httpx.TransportError as error:  # refused, reset, closed before the headers
+                last_error = self._failed(replica, tried, f"{type(error).__name__}: {error}")
+                continue
+            if response.status_code in _RETRYABLE_STATUS:
+                await response.aclose()
+                last_error = self._failed(replica, tried, f"answered {response.status_code}")
+                continue
+            return response, replica
+        raise InferenceServerError(f"{len(tried)} replica(s) failed this request; last: {last_error}")
+
+    def _failed(self, replica: Replica, tried: list[str], why: str) -> str:
+        log.warning("replica %s failed a request (%s): marked unhealthy, trying another", replica.url, why)
+        self.pool.release(replica, error=why)
+        tried.append(replica.url)
+        return f"{replica.url}: {why}"
+
+    async def relay(self, response: httpx.Response, replica: Replica) -> AsyncIterator[bytes]:
+        """The replica's answer chunk by chunk; the replica is released when it ends (or the client leaves)."""
+        error = None
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as failure:  # the replica died mid-answer: the client sees a cut connection
+            error = f"dropped mid-answer: {type(failure).__name__}"
+            raise
+        finally:
+            await response.aclose()
+            self.pool.release(replica, error=error)
+
+    async def broadcast(self, path: str, content: bytes, headers: Any) -> list[tuple[str, int, bytes]]:
+        """POST to every replica (adapter loading); one failure does not stop the others."""
+        outgoing = {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
+
+        async def one(replica: Replica) -> tuple[str, int, bytes]:
+            try:
+                answer = await self.client(replica).post(replica.url + path, content=content, headers=outgoing)
+                return replica.url, answer.status_code, answer.content
+            except httpx.HTTPError as error:
+                return replica.url, 502, f"{type(error).__name__}: {error}".encode()
+
+        return list(await asyncio.gather(*(one(r) for r in self.pool.replicas)))
+
+    # --- health ----------------------------------------------------------------------
+    async def check_health(self) -> None:
+        """GET every replica's ``/health`` once; 200 marks it healthy, anything else unhealthy."""
+
+        async def one(replica: Replica) -> None:
+            try:
+                answer = await self.client(replica).get(replica.url + "/health", timeout=self.health_timeout_s)
+                ok, why = answer.status_code == 200, f"health check answered {answer.status_code}"
+            except httpx.HTTPError as error:
+                ok, why = False, f"health check failed: {type(error).__name__}"
+            if ok != replica.healthy:
+                log.warning("replica %s is %s", replica.url, "healthy again" if ok else f"unhealthy ({why})")
+            self.pool.mark(replica, healthy=ok, error=None if ok else why)
+
+        await asyncio.gather(*(one(r) for r in self.pool.replicas))
+
+    async def _health_loop(self) -> None:
+        while True:
+            try:
+                await self.check_health()
+            except Exception:  # noqa: BLE001 - the loop must outlive any one round
+                log.exception("replica health check round failed")
+            await asyncio.sleep(self.health_interval_s)
+
+    async def _own_call(self, route: str, body: dict[str, Any]) -> None:
+        if not self.base_url:
+            raise InferenceServerError("the router is not started: call `await router.start()` first")
+        async with httpx.AsyncClient(timeout=self.request_timeout) as client:
+            answer = await client.post(self.base_url + route, json=body)
+        if answer.status_code != 200:
+            raise InferenceServerError(f"{route} failed on some replicas ({answer.status_code}): {answer.text[:2000]}")
+
+
+async def _close_all(clients: list[httpx.AsyncClient]) -> None:
+    """Close the upstream clients in the loop they were created in."""
+    await asyncio.gather(*(client.aclose() for client in clients))
+
+
+class UpstreamTimeout(Exception):
+    """A replica did not answer within the router's ``request_timeout`` (answered as a 504)."""
+
+    def __init__(self, url: str, seconds: float | None) -> None:
+        super().__init__(f"the replica {url} did not answer {within(seconds)} (knob: Router(request_timeout=...))")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m tracerl.cluster --replica URL [--replica URL ...] [--host H --port P]``."""
+    p = argparse.ArgumentParser(description="OpenAI-compatible router over tracerl inference replicas")
+    p.add_argument("--replica", action="append", required=True, help="a replica's base URL (repeat)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--request-timeout", type=float, default=DEFAULT_INFERENCE_TIMEOUT)
+    p.add_argument("--health-interval", type=float, default=2.0)
+    args = p.parse_args(argv)
+    router = Router(args.replica, host=args.host, port=args.port, request_timeout=args.request_timeout,
+                    health_interval_s=args.health_interval)
+    print(f"tracerl router on http://{args.host}:{args.port}/v1 over {len(args.replica)} replicas", flush=True)
+    asyncio.run(router.serve())
+
+
+if __name__ == "__main__":
+    main()
