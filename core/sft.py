@@ -255,6 +255,7 @@ async def train_sft_local(
     started = time.monotonic()
     tokenizer = backend.tokenizer(model)
     run = await asyncio.to_thread(prepare, tokenizer, examples, val_examples, config, backend.max_seq_len)
+    config.schedule(len(batches(list(range(len(run.train))), config.resolved_batch_size, config.epochs, False, 0)))  # a wrong list: before loading
     step = (state.run_dir.latest_step() or 0) + 1
     pad = tokenizer.pad_token_id or 0
     trainer = await asyncio.to_thread(backend._trainer, state)
