@@ -41,6 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .local_backend import LocalBackend
     from .remote_backend import RemoteBackend
+    from .sft_config import SFTConfig, TrainSFTConfig, create_lr_schedule
+    from .sft_data import filter_by_reward, load_sft_file
 
 __version__ = "0.1.0"
 _install_log_filter()  # tracerl's own log records are redacted too (tracerl.redact)
@@ -69,16 +71,21 @@ __all__ = [
     "RemoteTimeoutError",
     "RolloutTimeoutError",
     "RunLockedError",
+    "SFTConfig",
     "TooManyExceptionsError",
     "TracerlError",
     "TrainResult",
+    "TrainSFTConfig",
     "TrainableModel",
     "Trajectory",
     "TrajectoryError",
     "TrajectoryGroup",
+    "create_lr_schedule",
+    "filter_by_reward",
     "gather_trajectories",
     "gather_trajectory_groups",
     "iterate_dataset",
+    "load_sft_file",
     "retry",
     "rollout",
     "trajectory",
@@ -88,6 +95,11 @@ __all__ = [
 _LAZY = {
     "LocalBackend": "tracerl.local_backend",
     "RemoteBackend": "tracerl.remote_backend",
+    "SFTConfig": "tracerl.sft_config",
+    "TrainSFTConfig": "tracerl.sft_config",
+    "create_lr_schedule": "tracerl.sft_config",
+    "filter_by_reward": "tracerl.sft_data",
+    "load_sft_file": "tracerl.sft_data",
     "rollout": "tracerl.integrations",
     "trajectory": "tracerl.integrations",
     "trajectory_group": "tracerl.integrations",

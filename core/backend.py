@@ -8,7 +8,7 @@ knobs are explicit keyword arguments of ``train``; an unknown keyword is a ``Typ
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Model
@@ -22,6 +22,9 @@ class Backend(Protocol):
 
     async def train(self, model: "Model", groups: Iterable["TrajectoryGroup"], **kwargs: object) -> "TrainResult":
         """Run one GRPO step on ``groups``, save checkpoint ``step+1``, serve it, return the result."""
+
+    async def train_sft(self, model: "Model", trajectories: Any, config: Any = None, **kwargs: object) -> "TrainResult":
+        """Supervised fine-tuning of the same LoRA (one checkpoint step, served as ``name@step``; ``tracerl.sft``)."""
 
     async def get_step(self, model: "Model") -> int:
         """The model's latest complete checkpoint step."""

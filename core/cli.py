@@ -153,6 +153,74 @@ def serve(
     uvicorn.run(served, host=host, port=port, log_level="info", access_log=False)  # uvicorn's own access log is off: ours never logs query strings
 
 
+@app.command("sft")
+def sft(
+    files: list[Path] = typer.Argument(..., help="JSONL: OpenAI chat fine-tuning records and/or Trajectory rows (tracerl import, trajectories/*.jsonl)."),
+    model: str = typer.Option(..., "--model", help="Model name (its run directory; SFT adds one step to it)."),
+    project: str = typer.Option(..., "--project", help="Project name."),
+    base_model: str = typer.Option("smollm2-135m", help="Base model of the LoRA."),
+    base_path: Path = typer.Option(Path(DEFAULT_BASE_PATH), help="Data directory."),
+    epochs: int = typer.Option(1, help="Passes over the training examples."),
+    lr: float = typer.Option(5e-5, "--lr", "--learning-rate", help="Peak learning rate."),
+    batch_size: int = typer.Option(2, help="Examples per optimizer step."),
+    schedule: str = typer.Option("constant", help="constant | linear | cosine."),
+    warmup_ratio: float = typer.Option(0.0, help="Fraction of the optimizer steps spent warming up."),
+    normalization: str = typer.Option("token", help="token: mean over trained tokens | sequence: mean over examples."),
+    val_fraction: float = typer.Option(0.0, help="Fraction held out for the validation loss."),
+    val_file: Optional[Path] = typer.Option(None, help="Held-out examples instead of --val-fraction."),
+    min_reward: Optional[float] = typer.Option(None, help="Keep only trajectories with reward >= this (rejection sampling)."),
+    assistant_turns: str = typer.Option("all", help="all | last: which assistant turns of each example are trained."),
+    seed: int = typer.Option(42, help="Shuffling and held-out split seed."),
+    remote: Optional[str] = typer.Option(None, help="Train on a `tracerl serve` at this URL instead of here."),
+    token: Optional[str] = typer.Option(None, envvar="TRACERL_SERVE_TOKEN", help="Bearer token for --remote."),
+) -> None:
+    """Supervised fine-tuning of a model's LoRA (same run directory and step counter as RL)."""
+    import asyncio
+
+    from .errors import TracerlError
+    from .model import TrainableModel
+    from .sft_config import SFTConfig
+    from .sft_data import load_sft_file
+
+    try:
+        config = SFTConfig(
+            learning_rate=lr, batch_size=batch_size, epochs=epochs, schedule_type=schedule, warmup_ratio=warmup_ratio,  # type: ignore[arg-type]
+            normalization=normalization, val_fraction=val_fraction, assistant_turns=assistant_turns, seed=seed,  # type: ignore[arg-type]
+        )  # fmt: skip
+        examples = [t for f in files for t in load_sft_file(f, min_reward=min_reward)]
+        val = load_sft_file(val_file) if val_file is not None else None
+    except (TracerlError, OSError) as error:
+        typer.echo(f"tracerl sft: {error}", err=True)
+        raise typer.Exit(code=1) from error
+    if not examples:
+        typer.echo(f"tracerl sft: no example has reward >= {min_reward}", err=True)
+        raise typer.Exit(code=1)
+
+    async def run() -> object:
+        from .local_backend import LocalBackend
+        from .remote_backend import RemoteBackend
+
+        backend = RemoteBackend(remote, token=token) if remote else LocalBackend(base_path, inference=None)
+        trainable = TrainableModel(model, project, base_model, base_path=base_path)
+        try:
+            await trainable.register(backend)
+            return await backend.train_sft(trainable, examples, config, val_trajectories=val)
+        finally:
+            await backend.close()
+
+    try:
+        result = asyncio.run(run())
+    except TracerlError as error:
+        typer.echo(f"tracerl sft: {error}", err=True)
+        raise typer.Exit(code=1) from error
+    metrics = result.metrics  # type: ignore[attr-defined]
+    val_text = f", val loss {metrics['val_loss_before']:.4f} -> {metrics['val_loss']:.4f}" if "val_loss" in metrics else ""
+    typer.echo(
+        f"{project}/{model}: step {result.step} ({int(metrics['num_examples'])} examples, {int(metrics['optimizer_steps'])} "  # type: ignore[attr-defined]
+        f"optimizer steps, loss {metrics['loss']:.4f}{val_text}); checkpoint {result.checkpoint_path}"  # type: ignore[attr-defined]
+    )
+
+
 @app.command("mcp-rl")
 def mcp_rl(
     server_command: Optional[str] = typer.Option(None, help="Start the MCP server over stdio, e.g. \"python -m mcp_server_time\"."),

@@ -31,6 +31,8 @@ from .validation import check_groups, check_train_arguments, describe_group, des
 
 if TYPE_CHECKING:  # pragma: no cover
     from .inference.base import InferenceServer
+    from .sft_config import SFTConfig
+    from .sft_data import SFTItem
     from .trainer import LoRATrainer
 
 log = logging.getLogger("tracerl")
@@ -263,6 +265,39 @@ class LocalBackend:
         model.inference_model_name = model.get_inference_name(step)
         metrics["step_seconds"] = time.monotonic() - started
         return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
+
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: "Iterable[SFTItem] | str | Path",
+        config: "SFTConfig | dict[str, Any] | None" = None,
+        *,
+        val_trajectories: "Iterable[SFTItem] | str | Path | None" = None,
+    ) -> TrainResult:
+        """Supervised fine-tuning of the same LoRA: one new checkpoint step, hot-loaded as ``name@step``.
+
+        ``trajectories``: captured or imported ``Trajectory``s (or groups: every assistant turn
+        trained), OpenAI chat fine-tuning examples (dicts with ``messages``, ``tools``, per-message
+        ``weight``), or the path of a JSONL file of either.  ``val_trajectories`` overrides
+        ``config.val_fraction`` as the held-out set.  ``config`` is an :class:`~tracerl.SFTConfig`
+        (or its dict), checked before any model is loaded.  The history row is written with split
+        ``sft`` (README, "SFT: warm-start the adapter, then RL").
+        """
+        from .sft import train_sft_local
+        from .sft_config import SFTConfig
+        from .sft_data import as_sft_examples
+
+        if config is None:
+            config = SFTConfig()
+        elif isinstance(config, dict):
+            config = SFTConfig.from_dict(config)
+        elif not isinstance(config, SFTConfig):
+            raise ConfigError(f"config must be an SFTConfig (or its dict), got {type(config).__name__}")
+        examples = as_sft_examples(trajectories)
+        val = as_sft_examples(val_trajectories) if val_trajectories is not None else None
+        state = self._writable(model)
+        check_groups([TrajectoryGroup(examples + (val or []))], vocab_size=_embedding_rows(state.model_path))
+        return await train_sft_local(self, state, examples, val, config)
 
     async def _step_or_skip(
         self, state: _Registered, sequences: list[TrainingSequence], config: Any, metrics: dict[str, float], on_non_finite: str

@@ -17,7 +17,7 @@ from .durable import JsonlReport, dumps_jsonl
 from .errors import CheckpointError, ConfigError
 from .storage import RunDir, history_row, logged_splits, validate_name
 from .timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout
-from .types import Trajectory, TrajectoryGroup
+from .types import TrainResult, Trajectory, TrajectoryGroup
 from .validation import check_groups, lora_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -197,6 +197,12 @@ class TrainableModel(Model):
         if step is None:
             step = self._step_cache if self._step_cache is not None else (self.run_dir.latest_step() or 0)
         return f"{self.name}@{step}"
+
+    async def train_sft(self, trajectories: Any, config: Any = None, **kwargs: Any) -> "TrainResult":
+        """ART's ``model.train_sft(trajectories, config)``: ``backend.train_sft`` on the registered backend."""
+        if self._backend is None:
+            raise CheckpointError("register the model with a backend before train_sft")
+        return await self._backend.train_sft(self, trajectories, config, **kwargs)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward", *, keep_last: int = 1) -> list[int]:
         """Delete checkpoints except the latest ``keep_last`` and the best by ``best_checkpoint_metric``.

@@ -156,6 +156,42 @@ class RemoteBackend:
             step=int(answer["step"]), metrics=dict(answer.get("metrics") or {}), checkpoint_path=answer.get("checkpoint_path")
         )
 
+    async def train_sft(
+        self,
+        model: Model,
+        trajectories: Any,
+        config: Any = None,
+        *,
+        val_trajectories: Any = None,
+    ) -> TrainResult:
+        """``LocalBackend.train_sft`` on the server: the examples are read and checked here (a bad file
+        line fails before anything is sent), travel as Trajectory JSON, and the ``sft`` history row is
+        also written to this machine's ``history.jsonl``, where ``model.log`` writes the others."""
+        from .sft_config import SFTConfig
+        from .sft_data import as_sft_examples
+        from .storage import history_row, logged_splits
+
+        trainable = self._trainable(model)
+        if config is None:
+            config = SFTConfig()
+        elif isinstance(config, dict):
+            config = SFTConfig.from_dict(config)
+        elif not isinstance(config, SFTConfig):
+            raise ConfigError(f"config must be an SFTConfig (or its dict), got {type(config).__name__}")
+        body: dict[str, Any] = {
+            "trajectories": [t.to_json_dict() for t in as_sft_examples(trajectories)],
+            "config": config.to_dict(),
+            "val_trajectories": None if val_trajectories is None else [t.to_json_dict() for t in as_sft_examples(val_trajectories)],
+        }
+        answer = await self._request("POST", self._path(trainable, "train_sft"), "train_sft", body, timeout=self.train_timeout)
+        step, metrics = int(answer["step"]), dict(answer.get("metrics") or {})
+        trainable._step_cache = step
+        trainable.inference_model_name = answer.get("inference_model_name") or trainable.get_inference_name(step)
+        run_dir = trainable.run_dir
+        if not any(row.get("step") == step and "sft" in logged_splits(row) for row in run_dir.read_history()):
+            run_dir.append_history(history_row(step, "sft", metrics))
+        return TrainResult(step=step, metrics=metrics, checkpoint_path=answer.get("checkpoint_path"))
+
     async def get_step(self, model: Model) -> int:
         answer = await self._request("GET", self._path(self._trainable(model), "step"), "get_step")
         return int(answer["step"])

@@ -258,6 +258,28 @@ def create_app(
         # a retried call (same Idempotency-Key) gets the first call's answer, waiting for it if it still runs
         return _answer(await state.results.run(name, request.headers.get(IDEMPOTENCY_HEADER), raw, step))
 
+    @router.post(API + "/models/{project}/{name}/train_sft")
+    async def train_sft(project: str, name: str, request: Request) -> Response:
+        """``backend.train_sft`` (tracerl.sft): Trajectory JSON and an ``SFTConfig`` dict (unknown key: TypeError)."""
+        from .sft_config import SFTConfig
+
+        body = await _json(request)
+        model = state.model(project, name)
+        examples, val, settings = body.get("trajectories"), body.get("val_trajectories"), body.get("config")
+        if not isinstance(examples, list) or not (val is None or isinstance(val, list)) or not (settings is None or isinstance(settings, dict)):
+            raise ConfigError("'trajectories' (and 'val_trajectories') must be lists of trajectories, 'config' an SFTConfig object")
+        config = SFTConfig.from_dict(settings)
+        async with state.locks[name]:  # one step at a time per model, SFT or RL
+            result = await backend.train_sft(model, examples, config, val_trajectories=val)
+        return _answer(
+            {
+                "step": result.step,
+                "metrics": result.metrics,
+                "checkpoint_path": result.checkpoint_path,
+                "inference_model_name": model.get_inference_name(result.step),
+            }
+        )
+
     @router.get(API + "/models/{project}/{name}/step")
     async def get_step(project: str, name: str) -> dict[str, Any]:
         return {"step": await backend.get_step(state.model(project, name))}

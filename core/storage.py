@@ -140,9 +140,10 @@ class RunDir:
 
     # -- steps ------------------------------------------------------------------------------------
     @staticmethod
-    def write_step_record(checkpoint_tmp: Path, step: int, metrics: dict[str, Any]) -> None:
-        """Put the step's train row into its (not yet renamed) checkpoint, so it commits with it."""
-        record = {"step": step, "split": TRAIN_SPLIT, "time": time.time(), "metrics": metrics}
+    def write_step_record(checkpoint_tmp: Path, step: int, metrics: dict[str, Any], *, split: str = TRAIN_SPLIT) -> None:
+        """Put the step's history row (``split``: ``train``, or ``sft`` for ``train_sft``) into its
+        (not yet renamed) checkpoint, so it commits with it."""
+        record = {"step": step, "split": split, "time": time.time(), "metrics": metrics}
         (checkpoint_tmp / STEP_RECORD).write_text(json.dumps(record, default=str))
 
     def read_step_record(self, step: int) -> dict[str, Any] | None:

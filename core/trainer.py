@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
@@ -22,6 +22,7 @@ from .grpo import ImportanceLevel, LossFn, chunked_token_logprobs, policy_loss, 
 from .packing import MicroBatch
 from .validation import check_lora_settings, check_step_settings, lora_values
 
+T = TypeVar("T")
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -121,8 +122,8 @@ class LoRATrainer:
         self.lora = lora
 
     # -- forward ------------------------------------------------------------------
-    def _token_logprobs(self, batch: MicroBatch, *, adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logprob and entropy for each trained token of ``batch`` (shape ``[N]``)."""
+    def forward_token_logprobs(self, batch: MicroBatch, *, adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprob and entropy for each trained token of ``batch`` (shape ``[N]``), with gradients."""
         causal_lm = self.model.get_base_model()
         inputs = {
             "input_ids": batch.input_ids_BT.to(self.device),
@@ -145,41 +146,20 @@ class LoRATrainer:
     @torch.no_grad()
     def token_logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """Current-policy logprob of each trained token (for tests and diagnostics)."""
-        return self._token_logprobs(batch)[0].cpu()
+        return self.forward_token_logprobs(batch)[0].cpu()
 
     # -- one optimizer step -------------------------------------------------------
     def step(self, micro_batches: Sequence[MicroBatch], config: StepConfig) -> dict[str, float]:
         """Accumulate the GRPO loss over all micro-batches, clip, and take one AdamW step.
 
-        Nothing non-finite is ever applied: an adapter that is already non-finite, a NaN/inf
-        loss (checked per micro-batch, before its backward) or gradient norm raises
-        :class:`NonFiniteError` with the gradients cleared and the adapter and optimizer state
-        untouched.  An update that makes the adapter non-finite (a learning rate so large that
-        the weights overflow) raises with ``adapter_changed=True``: the caller must reload
-        the adapter from its last checkpoint (``LocalBackend`` does).
+        Nothing non-finite is ever applied (see :meth:`apply_update`).
         """
-        largest = torch.finfo(self.params[0].dtype).max if self.params else math.inf
-        if config.learning_rate >= largest:  # AdamW would fail half-way through its update
-            raise ConfigError(f"learning_rate={config.learning_rate} overflows the adapter's {self.params[0].dtype} weights")
-        self._check_adapter_finite("before the step (was it loaded from a corrupt checkpoint?)")
-        self.optimizer.zero_grad(set_to_none=True)
-        try:
-            totals, sampler, trainer = self._accumulate(micro_batches, config)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
-            if not torch.isfinite(grad_norm):
-                raise NonFiniteError(
-                    f"the gradient norm is {float(grad_norm)} (the loss was finite: {totals['loss']}); "
-                    "the optimizer step was not taken"
-                )
-        except BaseException:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise
-        for group in self.optimizer.param_groups:
-            group["lr"] = config.learning_rate
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        _release_freed_memory()
-        self._check_adapter_finite(f"after the update (learning_rate={config.learning_rate} too large?)", changed=True)
+        (totals, sampler, trainer), grad_norm = self.apply_update(
+            lambda: self._accumulate(micro_batches, config),
+            learning_rate=config.learning_rate,
+            max_grad_norm=config.max_grad_norm,
+            loss_of=lambda result: result[0]["loss"],
+        )
         n = max(totals["tokens"], 1.0)
         metrics = {
             "loss": totals["loss"],
@@ -187,7 +167,7 @@ class LoRATrainer:
             "ratio_mean": totals["ratio_sum"] / n,
             "ratio_max": totals["ratio_max"],
             "clipped_fraction": totals["clipped"] / n,
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "trained_tokens": totals["tokens"],
             "forward_tokens": float(sum(mb.num_tokens for mb in micro_batches)),
             "num_micro_batches": float(len(micro_batches)),
@@ -200,6 +180,49 @@ class LoRATrainer:
                 metrics["sampler_trainer_prob_corr"] = corr
         return metrics
 
+    def apply_update(
+        self,
+        accumulate: Callable[[], T],
+        *,
+        learning_rate: float,
+        max_grad_norm: float,
+        loss_of: Callable[[T], float] = lambda result: float("nan"),
+    ) -> tuple[T, float]:
+        """Run ``accumulate`` (forwards and backwards: the gradients add up), clip, take one AdamW step.
+
+        The one place an update is applied, for GRPO (:meth:`step`) and SFT alike.  Nothing
+        non-finite is ever applied: an adapter that is already non-finite, a NaN/inf loss
+        (``accumulate`` raises :class:`NonFiniteError` per micro-batch, before its backward) or
+        gradient norm raises with the gradients cleared and the adapter and optimizer state
+        untouched.  An update that makes the adapter non-finite (a learning rate so large that
+        the weights overflow) raises with ``adapter_changed=True``: the caller must reload the
+        adapter from its last checkpoint (``LocalBackend`` does).  Returns ``accumulate``'s
+        result and the gradient norm before clipping.
+        """
+        largest = torch.finfo(self.params[0].dtype).max if self.params else math.inf
+        if learning_rate >= largest:  # AdamW would fail half-way through its update
+            raise ConfigError(f"learning_rate={learning_rate} overflows the adapter's {self.params[0].dtype} weights")
+        self._check_adapter_finite("before the step (was it loaded from a corrupt checkpoint?)")
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            result = accumulate()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
+            if not torch.isfinite(grad_norm):
+                raise NonFiniteError(
+                    f"the gradient norm is {float(grad_norm)} (the loss was finite: {loss_of(result)}); "
+                    "the optimizer step was not taken"
+                )
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        _release_freed_memory()
+        self._check_adapter_finite(f"after the update (learning_rate={learning_rate} too large?)", changed=True)
+        return result, float(grad_norm)
+
     def _accumulate(
         self, micro_batches: Sequence[MicroBatch], config: StepConfig
     ) -> tuple[dict[str, float], list[torch.Tensor], list[torch.Tensor]]:
@@ -209,11 +232,11 @@ class LoRATrainer:
         sampler, trainer = [], []
         for index, mb in enumerate(micro_batches):
             self._check_vocabulary(mb)
-            logprobs, entropy = self._token_logprobs(mb)
+            logprobs, entropy = self.forward_token_logprobs(mb)
             ref = None
             if config.kl_penalty_coef:
                 with torch.no_grad():
-                    ref = self._token_logprobs(mb, adapter=False)[0]
+                    ref = self.forward_token_logprobs(mb, adapter=False)[0]
             weights = mb.weights_N.to(self.device)
             out = policy_loss(
                 logprobs,

@@ -143,6 +143,68 @@ def check_train_arguments(*, scale_rewards: Any, allow_retokenize: Any, on_non_f
     _choice("on_non_finite", on_non_finite, ON_NON_FINITE)
 
 
+SFT_SCHEDULES = ("constant", "linear", "cosine")
+SFT_NORMALIZATIONS = ("token", "sequence")
+SFT_ASSISTANT_TURNS = ("all", "last")
+
+
+def _fraction(name: str, value: Any) -> None:
+    if not is_number(value) or not math.isfinite(value) or not 0 <= value < 1:
+        raise ConfigError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
+def _count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_sft_settings(
+    *,
+    learning_rate: Any,
+    batch_size: Any,
+    epochs: Any,
+    schedule_type: Any,
+    warmup_ratio: Any,
+    min_lr: Any,
+    normalization: Any,
+    max_grad_norm: Any,
+    val_fraction: Any,
+    assistant_turns: Any,
+    shuffle: Any,
+    seed: Any,
+    show_progress: Any,
+) -> None:
+    """The numbers of an ``SFTConfig``, checked as GRPO's are (:class:`ConfigError` names the field).
+
+    ``learning_rate`` is a finite number > 0 or a non-empty list of them (one per optimizer
+    step); ``min_lr`` finite, >= 0 and not above the peak; fractions in [0, 1).
+    """
+    if isinstance(learning_rate, (list, tuple)):
+        if not learning_rate:
+            raise ConfigError("learning_rate must be a number or a non-empty list of numbers, got []")
+        for index, value in enumerate(learning_rate):
+            _positive(f"learning_rate[{index}]", value)
+    else:
+        _positive("learning_rate", learning_rate)
+    if batch_size != "auto":
+        _count("batch_size", batch_size)
+    _count("epochs", epochs)
+    _choice("schedule_type", schedule_type, SFT_SCHEDULES)
+    _fraction("warmup_ratio", warmup_ratio)
+    _positive("min_lr", min_lr, allow_zero=True)
+    if is_number(learning_rate) and min_lr > learning_rate:
+        raise ConfigError(f"min_lr ({min_lr!r}) must not exceed learning_rate ({learning_rate!r})")
+    _choice("normalization", normalization, SFT_NORMALIZATIONS)
+    _positive("max_grad_norm", max_grad_norm)
+    _fraction("val_fraction", val_fraction)
+    _choice("assistant_turns", assistant_turns, SFT_ASSISTANT_TURNS)
+    for name, value in (("shuffle", shuffle), ("show_progress", show_progress)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be True or False, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
+
+
 def check_lora_settings(r: Any = None, alpha: Any = None, dropout: Any = None, target_modules: Any = None) -> None:
     """LoRA rank >= 1, alpha > 0, dropout in [0, 1), at least one target module (``None``: not given)."""
     if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
