@@ -23,6 +23,8 @@ EXPECTED_ALL = {
     # typed faults (DESIGN §5.8)
     "InfrastructureError", "InferenceTimeoutError", "McpServerError", "McpTimeoutError", "RolloutTimeoutError",
     "JudgeTimeoutError", "RemoteTimeoutError",
+    # SFT (ART's names)
+    "SFTConfig", "TrainSFTConfig", "create_lr_schedule", "filter_by_reward", "load_sft_file",
 }
 
 
