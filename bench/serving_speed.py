@@ -146,6 +146,7 @@ class Candidate:
     base_url: str
     model: str
     pid: int
+    api_key: str = ""
     peak_rss: int = 0
     startup_s: float = 0.0
     rates: dict[int, list[float]] = field(default_factory=dict)
@@ -165,7 +166,7 @@ class TransformersProcess:
             line = self.process.stdout.readline()
         if not line:
             raise RuntimeError(f"the transformers server exited during start-up (code {self.process.wait()})")
-        self.base_url = line.strip()
+        self.base_url, self.api_key = line.split()
 
     def stop(self) -> None:
         if self.process.stdin:
@@ -182,21 +183,22 @@ def serve_transformers(model_path: str, adapter: str | None) -> None:
         await server.start()
         if adapter:
             await server.load_adapter("bench@1", adapter)
-        print(server.base_url, flush=True)
+        print(server.base_url, server.api_key, flush=True)
         await asyncio.to_thread(sys.stdin.read)
         await server.stop()
 
     asyncio.run(run())
 
 
-async def wave(base_url: str, model: str, concurrency: int, tokens: int, offset: int) -> tuple[int, float]:
+async def wave(candidate: Candidate, concurrency: int, tokens: int, offset: int) -> tuple[int, float]:
     import httpx
 
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(3600, connect=10)) as client:
+    headers = {"Authorization": f"Bearer {candidate.api_key}"}
+    async with httpx.AsyncClient(base_url=candidate.base_url, headers=headers, timeout=httpx.Timeout(3600, connect=10)) as client:
 
         async def one(i: int) -> int:
             body = {
-                "model": model,
+                "model": candidate.model,
                 "messages": [{"role": "user", "content": PROMPTS[(offset + i) % len(PROMPTS)]}],
                 "max_tokens": tokens,
                 "temperature": 1.0,
@@ -216,7 +218,7 @@ async def wave(base_url: str, model: str, concurrency: int, tokens: int, offset:
 async def measure(candidate: Candidate, tokens: int, offset: int) -> None:
     with TreeRSS(candidate.pid) as rss:
         for concurrency in CONCURRENCY:
-            generated, seconds = await wave(candidate.base_url, candidate.model, concurrency, tokens, offset)
+            generated, seconds = await wave(candidate, concurrency, tokens, offset)
             if generated != concurrency * tokens:
                 raise RuntimeError(f"{candidate.label}: {generated} tokens, expected {concurrency * tokens}")
             rate = generated / seconds
@@ -255,9 +257,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 assert server.process is not None
                 if with_adapter:
                     await server.load_adapter("bench@1", str(adapter))
-                candidates.append(Candidate(label, "vllm", server.base_url, "bench@1" if with_adapter else "bench", server.process.pid, startup_s=startup))
+                key = server.api_key
+                candidates.append(Candidate(label, "vllm", server.base_url, "bench@1" if with_adapter else "bench", server.process.pid, key, startup_s=startup))
                 if label.startswith("vllm lora (current"):
-                    candidates.append(Candidate("vllm lora server, base requests", "vllm", server.base_url, "bench", server.process.pid, startup_s=startup))
+                    candidates.append(Candidate("vllm lora server, base requests", "vllm", server.base_url, "bench", server.process.pid, key, startup_s=startup))
                 print(f"  started {label} in {startup:.0f} s", flush=True)
         if "transformers" in args.families:
             for label, path, with_adapter in (
@@ -268,10 +271,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 started = time.monotonic()
                 process = TransformersProcess(path, adapter if with_adapter else None)
                 servers.append(process)
-                candidates.append(Candidate(label, "transformers", process.base_url, "bench@1" if with_adapter else "bench", process.process.pid, startup_s=time.monotonic() - started))
+                candidates.append(Candidate(label, "transformers", process.base_url, "bench@1" if with_adapter else "bench", process.process.pid, process.api_key, startup_s=time.monotonic() - started))
         for candidate in candidates:  # warm-up on the measured shape (compilation, allocator, batch sizes)
             for concurrency in CONCURRENCY:
-                await wave(candidate.base_url, candidate.model, concurrency, 8, 0)
+                await wave(candidate, concurrency, 8, 0)
         ceiling_before = measure_ceiling()
         print(describe(ceiling_before), flush=True)
         loads = []
