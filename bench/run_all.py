@@ -26,6 +26,7 @@ RAW = BENCH / "raw"
 # name -> arguments after `python bench/<name>.py` ({raw} is bench/raw)
 BENCHMARKS: dict[str, list[str]] = {
     "ceiling": ["--json", "{raw}/ceiling_only.json"],
+    "serving_speed": ["--json", "{raw}/serving_speed_results.json"],
     "rollout_throughput": [],
     "grpo_step": ["--sequences", "16", "--prompt-tokens", "300", "--completion-tokens", "40", "--steps", "5",
                   "--warmup", "1", "--json", "{raw}/grpo_step_results.json"],

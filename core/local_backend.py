@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,8 @@ class _Registered:
     trainer: "LoRATrainer | None" = None
     server: "InferenceServer | None" = None
     tokenizer: Any = None
+    merged_dir: Path | None = None
+    """``serve_merged``: where the merged policy of the served step is written for vLLM to reload."""
 
 
 class LocalBackend:
@@ -64,16 +67,27 @@ class LocalBackend:
         micro_batch_tokens: int = 2048,
         max_seq_len: int | None = 4096,
         server_options: dict[str, Any] | None = None,
+        serve_merged: bool = False,
     ) -> None:
-        """``path``: data directory (overrides the model's ``base_path``); ``inference=None`` trains without serving."""
+        """``path``: data directory (overrides the model's ``base_path``); ``inference=None`` trains without serving.
+
+        ``serve_merged=True`` (vLLM only) serves the policy as one merged model instead of a
+        LoRA: vLLM runs without ``--enable-lora`` (so, on CPU, with torch.compile) and after
+        each step the merged weights are written and reloaded in place.  On a CPU this decodes
+        at base-model speed where a served LoRA runs at ~0.3-0.5x (``bench/serving_speed.py``);
+        each step pays a merge + write + reload of the full model instead of an adapter load.
+        """
         if inference not in (None, "auto", "vllm", "transformers"):
             raise ConfigError(f"inference must be 'auto', 'vllm', 'transformers' or None, got {inference!r}")
+        if serve_merged and inference not in ("auto", "vllm"):
+            raise ConfigError(f"serve_merged=True reloads weights in a vLLM server; it needs inference='vllm' or 'auto', not {inference!r}")
         self.path = Path(path) if path is not None else None
         self.inference = inference
         self.device = device
         self.micro_batch_tokens = micro_batch_tokens
         self.max_seq_len = max_seq_len
         self.server_options = dict(server_options or {})
+        self.serve_merged = serve_merged
         self._models: dict[str, _Registered] = {}
 
     # -- registration -------------------------------------------------------------
@@ -111,15 +125,47 @@ class LocalBackend:
         step = run_dir.latest_step() or 0
         model._step_cache = step
         if self.inference is not None:
-            from .inference.base import make_server
-
-            server = make_server(self.inference, model_path, served_name=model.name, **self.server_options)
-            state.server = server  # before start(): a start that fails half-way is stopped by register
-            await server.start()
-            await server.load_adapter(model.get_inference_name(step), str(run_dir.checkpoint_path(step)))
+            server = await self._start_server(state, step)
             model.inference_base_url = server.base_url
             model.inference_api_key = getattr(server, "api_key", None) or "tracerl"  # the server's per-process key
         model.inference_model_name = model.get_inference_name(step)
+
+    async def _start_server(self, state: _Registered, step: int) -> "InferenceServer":
+        """Start serving checkpoint ``step``: as a LoRA, or (``serve_merged``) as the merged policy."""
+        from .inference.base import make_server
+
+        name = state.model.get_inference_name(step)
+        if not self.serve_merged:
+            server = make_server(self.inference or "auto", state.model_path, served_name=state.model.name, **self.server_options)
+            state.server = server  # before start(): a start that fails half-way is stopped by register
+            await server.start()
+            await server.load_adapter(name, str(state.run_dir.checkpoint_path(step)))
+            return server
+        from .inference.vllm_server import vllm_python
+
+        if vllm_python() is None:
+            raise ConfigError("serve_merged=True needs the vLLM runtime (python -m tracerl.inference.vllm_server install)")
+        options = {**self.server_options, "enable_lora": False}
+        server = make_server("vllm", state.model_path, served_name=state.model.name, **options)
+        state.server = server  # before start(): a start that fails half-way is stopped by register
+        await server.start()
+        state.merged_dir = Path(tempfile.mkdtemp(prefix="tracerl-merged-"))
+        if step > 0:  # checkpoint 0 is a fresh LoRA (B = 0): the base weights already are that policy
+            await self._reload_merged(state, step, await asyncio.to_thread(self._trainer, state))
+        server.aliases.add(name)  # type: ignore[attr-defined]
+        return server
+
+    async def _reload_merged(self, state: _Registered, step: int, trainer: "LoRATrainer") -> None:
+        """Write the trainer's policy as a full model and have vLLM reload it in place; keep only that copy."""
+        from .merged_weights import write_merged_model
+
+        assert state.merged_dir is not None and state.server is not None
+        target = state.merged_dir / f"step-{step:04d}"
+        await asyncio.to_thread(write_merged_model, trainer.model, state.model_path, target)
+        await state.server.reload_weights(target)  # type: ignore[attr-defined]
+        for old in state.merged_dir.iterdir():
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
 
     def _state(self, model: Model) -> _Registered:
         state = self._models.get(model.name)
@@ -179,6 +225,9 @@ class LocalBackend:
                 if state.server is not None:
                     await state.server.stop()
                     state.server = None
+                if state.merged_dir is not None:
+                    shutil.rmtree(state.merged_dir, ignore_errors=True)
+                    state.merged_dir = None
                 state.trainer = None
             finally:
                 state.lock.release()
@@ -260,8 +309,17 @@ class LocalBackend:
             )
         model._step_cache = step
         if state.server is not None:
-            await state.server.load_adapter(model.get_inference_name(step), str(final))
-            await _unload_quietly(state.server, model.get_inference_name(step - 2))  # keep the previous for stragglers
+            loading = time.monotonic()
+            if self.serve_merged:
+                if trainer is not None:  # a skipped step leaves the served weights as they are
+                    await self._reload_merged(state, step, trainer)
+                aliases = state.server.aliases  # type: ignore[attr-defined]
+                aliases.add(model.get_inference_name(step))
+                aliases.discard(model.get_inference_name(step - 2))  # stragglers of step-1 now get this step's weights
+            else:
+                await state.server.load_adapter(model.get_inference_name(step), str(final))
+                await _unload_quietly(state.server, model.get_inference_name(step - 2))  # keep the previous for stragglers
+            metrics["hot_load_seconds"] = time.monotonic() - loading
         model.inference_model_name = model.get_inference_name(step)
         metrics["step_seconds"] = time.monotonic() - started
         return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))

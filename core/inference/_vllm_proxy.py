@@ -90,7 +90,7 @@ def build_proxy(server: "VLLMServer") -> Any:
             raise OpenAIError("the request body must be a JSON object")
         stream = bool(body.pop("stream", False))  # answered as events of the finished completion
         include_usage = bool((body.pop("stream_options", None) or {}).get("include_usage"))
-        parse = prepare_chat_body(body, server.served_name, base_names)
+        parse = prepare_chat_body(body, server.served_name, base_names | server.aliases)
         response = await client().post("/v1/chat/completions", json=body)
         if response.status_code != 200:
             return _error_response(response.status_code, response.content)

@@ -133,6 +133,8 @@ class VLLMServer:
         startup_timeout: float = 300.0,
         max_lora_rank: int = 16,
         max_loras: int = 4,
+        max_cpu_loras: int | None = None,
+        enable_lora: bool = True,
         max_model_len: int = 4096,
         dtype: str | None = None,
         extra_args: tuple[str, ...] = (),
@@ -150,6 +152,8 @@ class VLLMServer:
         self.startup_timeout = startup_timeout
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
+        self.max_cpu_loras = max_cpu_loras
+        self.enable_lora = enable_lora
         self.max_model_len = max_model_len
         self.dtype = dtype or ("auto" if has_gpu() else "float32")
         self.extra_args = tuple(extra_args)
@@ -163,6 +167,8 @@ class VLLMServer:
         self._log_file: Any = None
         self._temporary_log = False
         self._healthy_once = False
+        self.aliases: set[str] = set()
+        """Model names the proxy answers with the served model itself (merged serving: ``agent@3``)."""
 
     # --- InferenceServer -------------------------------------------------------------
     def command(self, port: int) -> list[str]:
@@ -177,10 +183,19 @@ class VLLMServer:
             "--model", str(self.model_path),
             "--served-model-name", self.served_name,
             "--host", "127.0.0.1", "--port", str(port),
-            "--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras),
+            *self.lora_args(),
             "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
             *self.extra_args,
         ]  # fmt: skip
+
+    def lora_args(self) -> list[str]:
+        """vLLM's LoRA flags; none without ``enable_lora`` (on CPU, LoRA also turns vLLM's torch.compile off)."""
+        if not self.enable_lora:
+            return []
+        args = ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
+        if self.max_cpu_loras is not None:
+            args += ["--max-cpu-loras", str(self.max_cpu_loras)]
+        return args
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -263,7 +278,7 @@ class VLLMServer:
 
         if not self.vllm_url:
             raise InferenceServerError("the server is not started: call `await server.start()` first")
-        async with httpx.AsyncClient(timeout=120, headers=self.auth_headers()) as client:
+        async with httpx.AsyncClient(timeout=600, headers=self.auth_headers()) as client:
             response = await client.post(self.vllm_url + route, json=body)
         if response.status_code != 200:
             message = f"vLLM answered {response.status_code} to {route} {body}: {response.text[:2000]}"
@@ -272,6 +287,21 @@ class VLLMServer:
     def auth_headers(self) -> dict[str, str]:
         """The header tracerl's own calls to vLLM and to the proxy carry."""
         return {"Authorization": f"Bearer {self.api_key}"}
+
+    async def reload_weights(self, path: str | Path) -> None:
+        """Replace the served model's weights in place with the safetensors in folder ``path``.
+
+        For serving a merged policy (``enable_lora=False``): generation is frozen, vLLM's
+        ``reload_weights`` runs in its worker, the prefix cache is dropped and requests in
+        flight are preempted (their KV was computed with the old weights and is recomputed),
+        then generation resumes.  Needs ``VLLM_SERVER_DEV_MODE`` (set by :meth:`environment`).
+        """
+        await self._post("/pause?mode=keep", {})
+        try:
+            await self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+            await self._post("/reset_prefix_cache?reset_running_requests=true", {})
+        finally:
+            await self._post("/resume", {})
 
     async def pause(self) -> None:
         """Freeze generation (requests in flight are kept and continue on :meth:`resume`)."""

@@ -1,0 +1,84 @@
+"""``LocalBackend(serve_merged=True)``: after a train step vLLM serves exactly the trainer's policy.
+
+The policy is served as one merged model (no ``--enable-lora``) whose weights are reloaded in
+place after each step.  The proof is on the tokens vLLM itself sampled after step 1: the
+logprobs it reported equal the trainer's logprobs of the same token ids (and are far from the
+base model's), and the next step's ``sampler_trainer_prob_corr`` is 1.  Skipped without the
+vLLM runtime.  Run heavy:
+``flock /tmp/tracerl-heavy.lock .venv/bin/python -m pytest -q tests/test_serve_merged_real_model.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from openai import AsyncOpenAI, NotFoundError
+
+import tracerl
+from tracerl.packing import pack_sequences
+from tracerl.tokenization import tokenize_trajectory
+
+pytestmark = pytest.mark.real_model
+
+QUESTION = [{"role": "user", "content": "Name a colour and say why you like it."}]
+
+
+def _vllm_missing() -> str | None:
+    from tracerl.inference.vllm_server import vllm_python
+
+    return None if vllm_python() is not None else "the vLLM runtime is not installed"
+
+
+async def _sample_group(client: AsyncOpenAI, name: str) -> tracerl.TrajectoryGroup:
+    completion = await client.chat.completions.create(
+        model=name, messages=QUESTION, max_tokens=12, temperature=1.0, n=4, seed=0
+    )
+    trajectories = [
+        tracerl.Trajectory(messages_and_choices=[*QUESTION, tracerl.Choice.from_openai(c, completion)], reward=float(i % 2))
+        for i, c in enumerate(completion.choices)
+    ]
+    return tracerl.TrajectoryGroup(trajectories)
+
+
+def _served_and_trainer_logprobs(trainer, tokenizer, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per token: the sampler's logprob, the trainer's (adapter on) and the base model's (adapter off)."""
+    served, policy, base = [], [], []
+    for i, trajectory in enumerate(group.trajectories):
+        for sequence in tokenize_trajectory(trajectory, tokenizer, trajectory_index=i):
+            [batch] = pack_sequences([sequence], [1.0])
+            served.append(batch.old_logprobs_N)
+            policy.append(trainer.token_logprobs(batch))
+            with trainer.model.disable_adapter():
+                base.append(trainer.token_logprobs(batch))
+    return torch.cat(served), torch.cat(policy), torch.cat(base)
+
+
+def test_merged_serving_returns_the_trainers_policy_after_a_step(tmp_path):
+    if reason := _vllm_missing():
+        pytest.skip(reason)
+
+    async def run():
+        model = tracerl.TrainableModel("merged", "tests", "smollm2-135m", base_path=tmp_path)
+        backend = tracerl.LocalBackend(inference="vllm", serve_merged=True, server_options={"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+        await model.register(backend)
+        try:
+            client = AsyncOpenAI(base_url=model.inference_base_url, api_key=model.inference_api_key, max_retries=0, timeout=600)
+            first = await backend.train(model, [await _sample_group(client, model.get_inference_name(0))], learning_rate=5e-3)
+            after_step = await _sample_group(client, model.get_inference_name(1))
+            state = backend._state(model)
+            logprobs = _served_and_trainer_logprobs(backend._trainer(state), backend.tokenizer(model), after_step)
+            second = await backend.train(model, [after_step], learning_rate=5e-3)
+            with pytest.raises(NotFoundError):  # two steps back: no longer served
+                await client.chat.completions.create(model=model.get_inference_name(0), messages=QUESTION, max_tokens=1)
+            return first, second, logprobs
+        finally:
+            await backend.close()
+
+    first, second, (served, policy, base) = asyncio.run(run())
+    assert first.step == 1 and second.step == 2 and first.metrics["hot_load_seconds"] > 0
+    assert served.numel() >= 4
+    assert (served - policy).abs().max() < 2e-3, "vLLM did not serve the trainer's step-1 policy"
+    assert (base - policy).abs().max() > 10 * (served - policy).abs().max(), "the step barely moved the policy: the check means nothing"
+    assert second.metrics["sampler_trainer_prob_corr"] > 0.999
