@@ -133,6 +133,18 @@ class RemoteBackend:
         model.inference_model_name = answer["inference_model_name"]
         if isinstance(answer.get("max_body_bytes"), int):
             self._max_body_bytes = answer["max_body_bytes"]
+        await self._recover_history(model)
+
+    async def _recover_history(self, model: TrainableModel) -> None:
+        """History lives here, checkpoints there: write the rows of server steps this client never logged.
+
+        A client killed after ``train`` returned and before ``model.log`` ran would otherwise lose
+        that step's row for good; the server committed it with the checkpoint (``step.json``)."""
+        answer = await self._request("GET", self._path(model, "step_records"), "step_records")
+        records = answer.get("records")
+        if isinstance(records, list) and records:
+            for action in await asyncio.to_thread(model.run_dir.recover_rows, records, source=f"the server's checkpoint ({self.url})"):
+                log.warning("%s: %s", model.run_dir.root, action)
 
     async def train(self, model: Model, trajectory_groups: Iterable[TrajectoryGroup], **kwargs: Any) -> TrainResult:
         """One GRPO step on the server; keywords are ``LocalBackend.train``'s (unknown ones: ``TypeError``)."""

@@ -288,6 +288,13 @@ def create_app(
     async def list_checkpoints(project: str, name: str) -> dict[str, Any]:
         return {"steps": await backend.list_checkpoints(state.model(project, name))}
 
+    @router.get(API + "/models/{project}/{name}/step_records")
+    async def step_records(project: str, name: str, after: int = 0) -> Response:
+        """The committed steps' ``step.json`` records: a client killed between ``train`` and
+        ``model.log`` recovers its missing history rows from them (``RemoteBackend.register``)."""
+        model = state.model(project, name)
+        return _answer({"records": await asyncio.to_thread(model.run_dir.step_records, after)})
+
     @router.post(API + "/models/{project}/{name}/delete_checkpoints")
     async def delete_checkpoints(project: str, name: str, request: Request) -> dict[str, Any]:
         keep = (await _json(request)).get("keep")

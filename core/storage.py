@@ -178,15 +178,27 @@ class RunDir:
                 actions.append(f"removed {path} (its step was never committed)")
         return actions
 
-    def _recover_train_rows(self) -> list[str]:
-        """Write the train row of each committed step whose ``model.log`` never ran (killed before it)."""
+    def step_records(self, after: int = 0) -> list[dict[str, Any]]:
+        """The ``step.json`` records of the committed steps after ``after`` (what ``train`` would have logged)."""
+        records = (self.read_step_record(step) for step in self.checkpoint_steps() if step > after)
+        return [record for record in records if record is not None]
+
+    def recover_rows(self, records: list[dict[str, Any]], *, source: str = "its checkpoint") -> list[str]:
+        """Append the history row of each step record whose ``model.log`` never ran (killed before it).
+
+        Also used by :class:`~tracerl.RemoteBackend`, whose history lives on the client while the
+        records live in the server's checkpoints."""
         logged = {(row.get("step"), split) for row in self.read_history() for split in logged_splits(row)}
         actions = []
-        for step in self.checkpoint_steps():
-            record = self.read_step_record(step)
-            if record is None or (step, record["split"]) in logged:
+        for record in records:
+            step, split = record.get("step"), record.get("split")
+            if not isinstance(step, int) or not isinstance(split, str) or (step, split) in logged:
                 continue
-            row = history_row(step, record["split"], record.get("metrics") or {}, at=record.get("time"))
+            row = history_row(step, split, record.get("metrics") or {}, at=record.get("time"))
             self.append_history({**row, "recovered": True})
-            actions.append(f"recovered the {record['split']} row of step {step} from its checkpoint (killed before model.log)")
+            logged.add((step, split))
+            actions.append(f"recovered the {split} row of step {step} from {source} (killed before model.log)")
         return actions
+
+    def _recover_train_rows(self) -> list[str]:
+        return self.recover_rows(self.step_records())
