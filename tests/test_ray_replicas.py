@@ -64,11 +64,15 @@ async def test_two_replicas_on_two_nodes_serve_and_hot_load_a_shipped_adapter(cl
         async with httpx.AsyncClient(timeout=120) as client:
             for group in ("g1", "g2", "g3", "g4"):
                 answer = await client.post(
-                    replicas.base_url + "/chat/completions", headers={GROUP_HEADER: group},
+                    replicas.base_url + "/chat/completions",
+                    headers={GROUP_HEADER: group, "authorization": f"Bearer {replicas.api_key}"},
                     json={"model": "agent@1", "max_tokens": 3, "messages": [{"role": "user", "content": "w5 w6"}]})
                 assert answer.status_code == 200, answer.text
                 assert answer.json()["usage"]["completion_tokens"] == 3
                 served.add(answer.headers[REPLICA_HEADER])
+            unauthorised = await client.post(replicas.base_url + "/chat/completions",
+                                             json={"model": "agent@1", "messages": [{"role": "user", "content": "w5"}]})
+            assert unauthorised.status_code == 401  # the router passes the replicas' key check through
         assert served == {url for url in replicas.urls}  # groups spread; both replicas serve name@1
         assert await replicas.health()
     finally:

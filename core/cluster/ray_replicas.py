@@ -103,6 +103,10 @@ class RayReplicas:
         self.urls: list[str] = []
         self.router: Router | None = None
         self.base_url = ""
+        from ..inference._http import new_api_key
+
+        self.api_key: str = self.server_options.pop("api_key", None) or new_api_key()
+        """The bearer key every replica checks (the router forwards the client's): ``model.inference_api_key``."""
 
     async def start(self) -> None:
         import ray
@@ -110,15 +114,16 @@ class RayReplicas:
         if not ray.is_initialized():
             raise InferenceServerError("Ray is not running here: call ray.init() (or ray.init(address=...)) first")
         actor = _actor_class(self.num_cpus, self.num_gpus)
+        options = {**self.server_options, "api_key": self.api_key}
         self.actors = [actor.options(scheduling_strategy="SPREAD").remote(self.kind, self.model_path, self.served_name,
-                                                                          self.server_options)
+                                                                          options)
                        for _ in range(self.replicas)]
         try:
             self.urls = list(await asyncio.gather(*(a.start.remote() for a in self.actors)))
         except Exception as error:  # noqa: BLE001 - translated at the boundary
             await self.stop()
             raise InferenceServerError(f"a Ray inference replica failed to start: {type(error).__name__}: {error}") from error
-        self.router = Router(self.urls, **self.router_options)
+        self.router = Router(self.urls, api_key=self.api_key, **self.router_options)
         await self.router.start()
         self.base_url = self.router.base_url
 
