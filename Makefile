@@ -6,10 +6,11 @@ STAMP := $(VENV)/.tracerl-installed
 
 VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
 PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
+RAY_STAMP := $(VENV)/.tracerl-ray-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-vllm install-phoenix install-skypilot demo test chaos bench clean
+.PHONY: install install-vllm install-phoenix install-skypilot install-ray demo test chaos bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,10 +46,17 @@ $(SKY_STAMP):
 install-skypilot:
 	-$(MAKE) $(SKY_STAMP)
 
+# Ray for tests/test_ray_replicas.py (a real two-node local cluster)
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[ray]'
+	touch $(RAY_STAMP)
+
+install-ray: $(RAY_STAMP)
+
 demo: install-vllm
 	$(BIN)/python examples/demo.py
 
-test: install-vllm install-phoenix install-skypilot
+test: install-vllm install-phoenix install-skypilot install-ray
 	$(BIN)/python -m pytest -q tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,

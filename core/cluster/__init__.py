@@ -1,4 +1,4 @@
-"""Beyond one inference server: a router over N replicas (more to come: Ray actors, data-parallel training).
+"""Beyond one inference server: a router over N replicas, and the replicas as Ray actors (``tracerl.cluster.ray_replicas``, needs ``tracerl[ray]``).
 
 Light to import (httpx only); the router's FastAPI app loads when it starts.
 """

@@ -89,10 +89,13 @@ class Router:
         health_timeout_s: float = 5.0,
         max_attempts: int = 2,
         max_imbalance: int = 32,
+        api_key: str | None = None,
     ) -> None:
         """``request_timeout``: seconds an upstream answer may take (None: no limit); ``max_attempts``:
         replicas tried per request; ``max_imbalance``: how much busier than the idlest replica a
-        group's replica may be before a request of the group goes elsewhere."""
+        group's replica may be before a request of the group goes elsewhere; ``api_key``: the replicas'
+        bearer key, sent on the router's own calls (``load_adapter``); clients' requests are
+        forwarded with their own ``Authorization`` header."""
         self.pool = ReplicaPool(replicas, max_imbalance=max_imbalance)
         self.host = host
         self._port = port
@@ -103,6 +106,7 @@ class Router:
         if max_attempts < 1:
             raise InferenceServerError(f"max_attempts must be >= 1, got {max_attempts}")
         self.max_attempts = max_attempts
+        self.api_key = api_key
         self.base_url = ""
         self._http: Any = None  # BackgroundUvicorn
         self._clients: dict[str, httpx.AsyncClient] = {}
@@ -267,8 +271,9 @@ class Router:
     async def _own_call(self, route: str, body: dict[str, Any]) -> None:
         if not self.base_url:
             raise InferenceServerError("the router is not started: call `await router.start()` first")
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         async with httpx.AsyncClient(timeout=self.request_timeout) as client:
-            answer = await client.post(self.base_url + route, json=body)
+            answer = await client.post(self.base_url + route, json=body, headers=headers)
         if answer.status_code != 200:
             raise InferenceServerError(f"{route} failed on some replicas ({answer.status_code}): {answer.text[:2000]}")
 
