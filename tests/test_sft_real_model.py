@@ -15,7 +15,7 @@ from sft_helpers import CAPITALS, capital_example, expected_mask, tool_example, 
 from tracerl.sft_config import SFTConfig
 from tracerl.sft_data import load_sft_file, tokenize_examples
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="session")]  # the served fixture's loop: one client
 
 QUESTION = [{"role": "system", "content": "Answer in one short sentence."}, {"role": "user", "content": "What is the capital of Peru?"}]
 
@@ -92,7 +92,7 @@ async def test_a_bad_file_fails_before_training_naming_its_line(served, tmp_path
     model, backend, _, _ = served
     step = await backend.get_step(model)
     path = write_jsonl(tmp_path / "bad.jsonl", [capital_example("Peru", "Lima"), {"messages": [{"role": "user", "content": "hi", "weight": 1}]}])
-    with pytest.raises(tracerl.TrajectoryError, match=rf"{path} line 2: .*only allowed on assistant"):
+    with pytest.raises(tracerl.TrajectoryError, match=rf"{path} line 2, message 0: 'weight' is only allowed on assistant"):
         await backend.train_sft(model, path, SFTConfig(show_progress=False))
     with pytest.raises(tracerl.ConfigError, match="learning_rate"):
         await backend.train_sft(model, path, {"learning_rate": float("nan")})
