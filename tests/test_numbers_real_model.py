@@ -84,7 +84,7 @@ def _same_state(a: dict, b: dict) -> bool:
 
 async def _chat(backend, model, name: str) -> dict:
     server = backend._state(model).server
-    async with httpx.AsyncClient(timeout=300) as client:
+    async with httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {server.api_key}"}) as client:
         reply = await client.post(
             f"{server.base_url}/chat/completions", json={"model": name, "messages": QUESTION, "max_tokens": 2, "temperature": 0}
         )
