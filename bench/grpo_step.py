@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from _sides import run_worker  # bench/ is on sys.path when a script runs
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LR = 1e-5
@@ -212,14 +212,7 @@ def main() -> None:
 
     results = {}
     for side in args.sides.split(","):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", side] + sys.argv[1:]
-        print(f"running {side} ...", flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            print(proc.stdout[-3000:], proc.stderr[-6000:], sep="\n")
-            raise SystemExit(f"{side} worker failed (rc {proc.returncode})")
-        results[side] = json.loads(line[len("RESULT ") :])
+        results[side] = run_worker(__file__, side)
         r = results[side]
         print(f"  {side}: steps {', '.join(f'{t:.2f}' for t in r['times'])} s; peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
 
