@@ -122,3 +122,27 @@ def check_room_for(
     dtype = dtype or dtype_for(device)
     need = needed_bytes(checkpoint_parameters(model_path), dtype.itemsize, overhead=overhead)
     check_cuda_memory(device, need, what=f"{what} ({Path(model_path).name} in {str(dtype).removeprefix('torch.')})")
+
+
+def nvidia_smi_memory() -> list[tuple[int, int]]:
+    """(free, total) bytes of each GPU this process may use, from ``nvidia-smi`` (no CUDA context
+    is created here); ``[]`` without ``nvidia-smi``.  Honours a numeric ``CUDA_VISIBLE_DEVICES``."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    command = ["nvidia-smi", "--query-gpu=index,memory.free,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    mib = 1024 * 1024
+    rows = {}
+    for line in out.strip().splitlines():
+        index, free, total = (part.strip() for part in line.split(","))
+        rows[index] = (int(float(free)) * mib, int(float(total)) * mib)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible and all(part.strip().isdigit() for part in visible.split(",")):
+        return [rows[i.strip()] for i in visible.split(",") if i.strip() in rows]
+    return [rows[i] for i in sorted(rows, key=int)]

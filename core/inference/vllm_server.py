@@ -143,7 +143,32 @@ class VLLMServer:
         env: dict[str, str] | None = None,
         log_path: str | Path | None = None,
         api_key: str | None = None,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+        sleep_while_training: bool | None = None,
     ) -> None:
+        """GPU knobs go to vLLM unchanged: ``tensor_parallel_size`` / ``data_parallel_size`` (GPUs
+        per replica / replicas in this server), ``gpu_memory_utilization`` (vLLM's share of each
+        GPU, its default 0.9 when None).  ``sleep_while_training`` (default: on when a GPU is
+        present) starts vLLM with ``--enable-sleep-mode`` and makes :meth:`pause` put it to sleep
+        (level 1: weights offloaded to CPU memory, KV cache freed) so a trainer on the same GPU
+        gets that memory during the step; :meth:`resume` wakes it.  vLLM refuses sleep mode on
+        CPU, so asking for it there is a :class:`ConfigError` before anything starts.
+        """
+        if tensor_parallel_size < 1 or data_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size and data_parallel_size must be >= 1, got {tensor_parallel_size}, {data_parallel_size}")
+        if gpu_memory_utilization is not None and not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization is a fraction of each GPU in (0, 1], got {gpu_memory_utilization}")
+        if sleep_while_training and not has_gpu():
+            raise ConfigError(
+                "sleep_while_training=True needs a GPU: vLLM's sleep mode is CUDA/ROCm only "
+                "(on CPU, LocalBackend pauses generation during the step instead)"
+            )
+        self.tensor_parallel_size = tensor_parallel_size
+        self.data_parallel_size = data_parallel_size
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.sleep_while_training = has_gpu() if sleep_while_training is None else sleep_while_training
         self.model_path = Path(model_path)
         self.api_key = api_key or new_api_key()
         register_secret(self.api_key)
@@ -189,8 +214,40 @@ class VLLMServer:
             *self.lora_args(),
             "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
             "--middleware", f"{GUARD_MODULE}.guard",  # the key on every route, not only /v1 (vllm_key_guard.py)
+            *self.gpu_args(),
             *self.extra_args,
         ]  # fmt: skip
+
+    def gpu_args(self) -> list[str]:
+        """vLLM's parallelism, memory-share and sleep-mode flags; none at their defaults."""
+        args: list[str] = []
+        if self.tensor_parallel_size > 1:
+            args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.data_parallel_size > 1:
+            args += ["--data-parallel-size", str(self.data_parallel_size)]
+        if self.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.sleep_while_training:
+            args.append("--enable-sleep-mode")
+        return args
+
+    def check_gpu_memory(self, gpus: list[tuple[int, int]] | None = None) -> None:
+        """Before start-up: does each GPU vLLM will use have its share free?
+
+        vLLM claims ``gpu_memory_utilization`` x total memory per GPU and fails deep in its
+        start-up when less is free (often because a trainer or another server holds it); this
+        says so first, with the numbers.  ``gpus``: (free, total) bytes per visible GPU, read
+        with ``nvidia-smi`` when None; nothing is checked without a GPU.
+        """
+        from ..devices import check_free_memory, nvidia_smi_memory
+
+        gpus = nvidia_smi_memory() if gpus is None else gpus
+        share = 0.9 if self.gpu_memory_utilization is None else self.gpu_memory_utilization
+        for index, (free, total) in enumerate(gpus[: self.tensor_parallel_size * self.data_parallel_size]):
+            check_free_memory(
+                free, total, int(share * total),
+                what=f"vLLM (gpu_memory_utilization={share}: that share of the whole GPU)", device=f"cuda:{index}",
+            )  # fmt: skip
 
     def lora_args(self) -> list[str]:
         """vLLM's LoRA flags; none without ``enable_lora`` (on CPU, LoRA also turns vLLM's torch.compile off)."""
@@ -224,6 +281,7 @@ class VLLMServer:
     async def start(self) -> None:
         if self.process is not None and self.process.poll() is None:
             return
+        self.check_gpu_memory()
         port = free_port()
         self._install_guard()
         command = self.command(port)
@@ -317,11 +375,18 @@ class VLLMServer:
             await self._post("/resume", {})
 
     async def pause(self) -> None:
-        """Freeze generation (requests in flight are kept and continue on :meth:`resume`)."""
-        await self._post("/pause?mode=keep", {})
+        """Freeze generation (requests in flight are kept and continue on :meth:`resume`).
+
+        With ``sleep_while_training``: requests in flight finish first (``mode=wait``), then vLLM
+        sleeps at level 1 (weights to CPU memory, KV cache freed); new requests wait for :meth:`resume`.
+        """
+        if self.sleep_while_training:
+            await self._post("/sleep?level=1&mode=wait", {})
+        else:
+            await self._post("/pause?mode=keep", {})
 
     async def resume(self) -> None:
-        await self._post("/resume", {})
+        await self._post("/wake_up" if self.sleep_while_training else "/resume", {})
 
     async def health(self) -> bool:
         import httpx
