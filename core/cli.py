@@ -104,6 +104,8 @@ def serve(
     max_models: int = typer.Option(4, help="Most models served at once (each may start an inference server)."),
     inference_timeout: float = typer.Option(600.0, help="Seconds the /v1 proxy waits for the inference server before answering 504."),
     access_log: Optional[str] = typer.Option(None, help="Append one line per request to this file ('-': stderr); never headers or bodies."),
+    tensor_parallel_size: Optional[int] = typer.Option(None, help="vLLM: GPUs per model (its --tensor-parallel-size)."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, help="vLLM: its share of each GPU (default 0.9); it sleeps during training steps on a GPU."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
@@ -137,8 +139,20 @@ def serve(
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
     kind = None if inference == "none" else inference
+    vllm_options = {
+        key: value
+        for key, value in (("tensor_parallel_size", tensor_parallel_size), ("gpu_memory_utilization", gpu_memory_utilization))
+        if value is not None
+    }
+    if vllm_options and kind not in ("auto", "vllm"):
+        raise typer.BadParameter(f"--tensor-parallel-size/--gpu-memory-utilization are vLLM's; they need --inference vllm or auto, not {inference}")
+    if vllm_options and kind == "auto":
+        from .inference.vllm_server import vllm_python
+
+        if vllm_python() is None:
+            raise typer.BadParameter("--tensor-parallel-size/--gpu-memory-utilization are vLLM's, and vLLM is not installed here (tracerl install-vllm)")
     try:
-        backend = LocalBackend(path, inference=kind)  # type: ignore[arg-type]
+        backend = LocalBackend(path, inference=kind, server_options=vllm_options)  # type: ignore[arg-type]
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--inference") from error
     import sys

@@ -121,3 +121,15 @@ def test_the_sleep_routes_exist_in_the_installed_vllm() -> None:
     assert re.search(r"\blevel\b", signature) and re.search(r"\bmode\b", signature)
     engine = routers[0].parents[4] / "v1" / "engine" / "core.py"
     assert '"wait"' in engine.read_text() or "'wait'" in engine.read_text()
+
+
+def test_serve_refuses_vllm_knobs_for_the_transformers_server(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tracerl.cli import app
+
+    result = CliRunner().invoke(
+        app, ["serve", "--path", str(tmp_path), "--inference", "transformers", "--gpu-memory-utilization", "0.5"]
+    )
+    assert result.exit_code == 2
+    assert "are vLLM's" in result.output
