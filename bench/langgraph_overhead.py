@@ -19,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def agent_of(base_url: str) -> Any:
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
-    from langgraph.prebuilt import create_react_agent
+    from langchain.agents import create_agent
 
     @tool
     def lookup(query: str) -> str:
@@ -37,9 +36,7 @@ def agent_of(base_url: str) -> Any:
         return "found " + query
 
     llm = ChatOpenAI(model="m", base_url=base_url, api_key="x", max_retries=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return create_react_agent(llm, [lookup])
+    return create_agent(llm, [lookup])
 
 
 def modes(agent: Any) -> dict[str, Callable[[int], list[tuple[float, float]]]]:

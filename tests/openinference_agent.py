@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import warnings
 
 
 def main() -> None:
@@ -40,7 +39,7 @@ def main() -> None:
 def langgraph_agent(base_url: str):
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
-    from langgraph.prebuilt import create_react_agent
+    from langchain.agents import create_agent
 
     @tool
     def add(a: int, b: int) -> int:
@@ -48,9 +47,7 @@ def langgraph_agent(base_url: str):
         return a + b
 
     llm = ChatOpenAI(model="policy", base_url=base_url, api_key="x", max_retries=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        agent = create_react_agent(llm, [add], prompt="Use the tools.")
+    agent = create_agent(llm, [add], system_prompt="Use the tools.")
 
     async def run(question: str) -> None:
         await agent.ainvoke({"messages": [("user", question)]})

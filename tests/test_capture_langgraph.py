@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import warnings
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ pytest.importorskip("langgraph")
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
-from langgraph.prebuilt import create_react_agent  # noqa: E402
+from langchain.agents import create_agent  # noqa: E402
 
 
 @tool
@@ -56,9 +55,7 @@ def server():
 
 def make_agent(server) -> Any:
     llm = ChatOpenAI(model="policy", base_url=server.base_url, api_key="x", max_retries=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return create_react_agent(llm, [add, word_length], prompt="Use the tools.")
+    return create_agent(llm, [add, word_length], system_prompt="Use the tools.")
 
 
 def check_react_trajectory(t: tracerl.Trajectory, question: str, server) -> None:

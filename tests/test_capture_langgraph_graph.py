@@ -8,7 +8,6 @@ decodes protobuf as Langfuse's ingestion does); Langfuse's from its SDK's own ex
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from langchain_core.retrievers import BaseRetriever  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
-from langgraph.prebuilt import create_react_agent  # noqa: E402
+from langchain.agents import create_agent  # noqa: E402
 from typing_extensions import TypedDict  # noqa: E402
 
 # Langfuse's ingestion maps OpenInference span kinds to observation types (ObservationTypeMapper)
@@ -93,9 +92,7 @@ def llm_of(server) -> ChatOpenAI:
 
 
 def react_graph(server) -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return create_react_agent(llm_of(server), [add], prompt="Use the tools.")
+    return create_agent(llm_of(server), [add], system_prompt="Use the tools.")
 
 
 class BranchState(TypedDict, total=False):
@@ -223,9 +220,9 @@ async def test_nodes_parallel_branches_and_subgraphs_are_where_they_ran(server, 
     assert [label for label, _ in nodes] == [("retrieve", "chain"), ("research", "chain"), ("answer", "chain")]
     retrieve, research, _ = nodes
     assert [label for label, _ in retrieve[1]] == [("KnowledgeBase", "retriever")]
-    [(subgraph, sub_nodes)] = research[1]  # the ReAct graph inside the node, its own nodes inside
+    [(subgraph, sub_nodes)] = research[1]  # the create_agent graph inside the node, its own nodes inside
     assert subgraph == ("LangGraph", "chain")
-    assert [label for label, _ in sub_nodes] == [("agent", "agent"), ("tools", "chain"), ("agent", "agent")]
+    assert [label for label, _ in sub_nodes] == [("model", "chain"), ("tools", "chain"), ("model", "chain")]
     assert ("add", "tool") in [label for label, _ in sub_nodes[1][1]]
 
 
@@ -359,9 +356,8 @@ async def test_in_langfuse_the_nodes_appear_nested_and_each_request_is_one_gener
 
     generations = [o for o in observations.values() if o.type == "generation"]
     assert len(generations) == requests == 2
-    for generation in generations:  # rollout > LangGraph > agent > RunnableSequence > (LangChain's call) > the call
-        assert path(generation)[:4] == [("rollout", "agent"), ("LangGraph", "chain"), ("agent", "agent"),
-                                        ("RunnableSequence", "chain")]  # fmt: skip
+    for generation in generations:  # rollout > LangGraph > the create_agent "model" node > (LangChain's call) > the call
+        assert path(generation)[:4] == [("rollout", "agent"), ("LangGraph", "chain"), ("model", "chain"), ("chat policy", "span")]
     [tool] = [o for o in observations.values() if o.type == "tool"]
     assert tool.name == "add" and path(tool)[-1] == ("tools", "chain")
     assert {o.session_id for o in observations.values()} == {observations[tool.parent_id].session_id}

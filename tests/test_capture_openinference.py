@@ -4,7 +4,6 @@ model call still appears exactly once in the trajectory (and keeps its token ids
 from __future__ import annotations
 
 import os
-import warnings
 
 import pytest
 from capture_fake_server import FakeOpenAIServer
@@ -61,7 +60,7 @@ async def test_litellm_calls_appear_once(openinference):
 async def test_langgraph_calls_appear_once_with_correct_parents(openinference):
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
-    from langgraph.prebuilt import create_react_agent
+    from langchain.agents import create_agent
 
     @tool
     def lookup(query: str) -> str:
@@ -69,9 +68,7 @@ async def test_langgraph_calls_appear_once_with_correct_parents(openinference):
         return f"found {query}"
 
     llm = ChatOpenAI(model="policy", base_url=openinference.base_url, api_key="x", max_retries=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        agent = create_react_agent(llm, [lookup])
+    agent = create_agent(llm, [lookup])
     async with ti.rollout() as r:
         await agent.ainvoke({"messages": [("user", "oi-graph")]})
     t = r.trajectory

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 
 import pytest
 from capture_fake_server import FakeOpenAIServer
@@ -81,13 +80,8 @@ def react_agent(base_url: str):
         return f"found {query}"
 
     llm = ChatOpenAI(model="gpt-4o-mini", base_url=base_url, api_key="x", max_retries=0)
-    try:
-        from langchain.agents import create_agent  # LangChain 1.x
-    except ImportError:
-        from langgraph.prebuilt import create_react_agent as create_agent
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return create_agent(llm, [lookup])
+    from langchain.agents import create_agent
+    return create_agent(llm, [lookup])
 
 
 def _served(server, first: int) -> tuple[int, int, int]:

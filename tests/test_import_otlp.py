@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ def collector():
 def react_agent(server) -> Any:
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
-    from langgraph.prebuilt import create_react_agent
+    from langchain.agents import create_agent
 
     @tool
     def add(a: int, b: int) -> int:
@@ -65,9 +64,7 @@ def react_agent(server) -> Any:
         return a + b
 
     llm = ChatOpenAI(model="policy", base_url=server.base_url, api_key="x", max_retries=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return create_react_agent(llm, [add], prompt="Use the tools.")
+    return create_agent(llm, [add], system_prompt="Use the tools.")
 
 
 def numbered_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
