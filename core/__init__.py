@@ -26,6 +26,8 @@ from .errors import (
     RemoteTimeoutError,
     RolloutTimeoutError,
     RunLockedError,
+    TeacherError,
+    TeacherTimeoutError,
     TooManyExceptionsError,
     TracerlError,
     TrajectoryError,
@@ -39,6 +41,7 @@ from .types import Choice, DatasetBatch, ExceptionRecord, History, TrainResult, 
 if TYPE_CHECKING:  # pragma: no cover
     from tracerl.integrations import rollout, trajectory, trajectory_group
 
+    from .distill import CompletionsTeacher, add_teacher_advantages, served_teacher, with_worked_examples
     from .local_backend import LocalBackend
     from .remote_backend import RemoteBackend
     from .sft_config import SFTConfig, TrainSFTConfig, create_lr_schedule
@@ -51,6 +54,7 @@ __all__ = [
     "Backend",
     "CheckpointError",
     "Choice",
+    "CompletionsTeacher",
     "ConfigError",
     "DatasetBatch",
     "ExceptionRecord",
@@ -72,6 +76,8 @@ __all__ = [
     "RolloutTimeoutError",
     "RunLockedError",
     "SFTConfig",
+    "TeacherError",
+    "TeacherTimeoutError",
     "TooManyExceptionsError",
     "TracerlError",
     "TrainResult",
@@ -80,6 +86,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryError",
     "TrajectoryGroup",
+    "add_teacher_advantages",
     "create_lr_schedule",
     "filter_by_reward",
     "gather_trajectories",
@@ -88,11 +95,17 @@ __all__ = [
     "load_sft_file",
     "retry",
     "rollout",
+    "served_teacher",
     "trajectory",
     "trajectory_group",
+    "with_worked_examples",
 ]
 
 _LAZY = {
+    "CompletionsTeacher": "tracerl.distill",
+    "add_teacher_advantages": "tracerl.distill",
+    "served_teacher": "tracerl.distill",
+    "with_worked_examples": "tracerl.distill",
     "LocalBackend": "tracerl.local_backend",
     "RemoteBackend": "tracerl.remote_backend",
     "SFTConfig": "tracerl.sft_config",

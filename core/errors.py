@@ -81,6 +81,15 @@ class InferenceTimeoutError(InferenceServerError, TimeoutError):
     """A model call did not answer in time (knob: ``Model(inference_timeout=...)``)."""
 
 
+class TeacherError(InfrastructureError):
+    """A distillation teacher could not score the student's tokens (unreachable, an error, or an
+    answer that does not score exactly the sampled tokens): never a zero-KL trajectory."""
+
+
+class TeacherTimeoutError(TeacherError, TimeoutError):
+    """A distillation teacher did not answer in time (knob: ``CompletionsTeacher(timeout=...)``)."""
+
+
 class McpServerError(InfrastructureError):
     """An MCP server could not be started, reached or listed, died, or dropped the connection."""
 

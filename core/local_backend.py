@@ -259,7 +259,8 @@ class LocalBackend:
 
         Arguments and every number of every trajectory are checked before any model is loaded
         (``ConfigError`` / ``TrajectoryError``; a call where no trajectory has a sampled turn is a
-        ``TrajectoryError`` that names them and the likely cause).  Zero-variance groups are skipped; if none is
+        ``TrajectoryError`` that names them and the likely cause).  Zero-variance groups are skipped (unless a sampled turn carries
+        ``token_advantages``: on-policy distillation, added to the reward advantage); if none is
         trainable the step still advances and the previous adapter is copied.  A non-finite
         loss, gradient or update raises :class:`NonFiniteError` with nothing changed, or with
         ``on_non_finite="skip"`` is logged and advances like a step without trainable groups
@@ -399,9 +400,12 @@ class LocalBackend:
         sequences: list[TrainingSequence] = []
         trainable_groups = 0
         trajectory_index = 0
+        distilled_groups = 0
         for g, group in enumerate(groups):
             advantages, trainable = group_advantages(group.rewards, scale_rewards=scale_rewards)
-            if not trainable:
+            distilled = _has_token_advantages(group)  # per-token advantages train even when the rewards are equal
+            distilled_groups += distilled
+            if not trainable and not distilled:
                 trajectory_index += len(group.trajectories)
                 continue
             if not all(math.isfinite(a) for a in advantages):
@@ -425,6 +429,7 @@ class LocalBackend:
         metrics = {
             "num_groups": float(len(groups)),
             "num_groups_trainable": float(trainable_groups),
+            "num_groups_with_token_advantages": float(distilled_groups),
             "num_trajectories": float(sum(len(g.trajectories) for g in groups)),
             "num_sequences": float(len(sequences)),
             "skipped_non_finite": 0.0,
@@ -448,6 +453,11 @@ class LocalBackend:
             sequences, [weight_of[s.trajectory_index] for s in sequences], max_tokens=self.micro_batch_tokens, pad_token_id=pad
         )
         return trainer.step(batches, config)
+
+
+def _has_token_advantages(group: TrajectoryGroup) -> bool:
+    """Whether a sampled turn of ``group`` carries per-token advantages (on-policy distillation)."""
+    return any(choice.token_advantages is not None for t in group.trajectories for choice in t.sampled_turns())
 
 
 def _name_sequences(sequences: list[TrainingSequence], indices: tuple[int, ...]) -> str:

@@ -147,7 +147,7 @@ def _to_tensors(
                 picks["positions"].append(source)
                 picks["targets"].append(seq.token_ids[t])
                 picks["weights"].append(seq.weights[t] * token_weights[i])
-                picks["advantages"].append(seq.advantage)
+                picks["advantages"].append(seq.advantage + (seq.token_advantages[t] if seq.token_advantages is not None else 0.0))
                 picks["old"].append(seq.old_logprobs[t])
                 picks["seq"].append(i)
             offset += n

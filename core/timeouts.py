@@ -10,6 +10,7 @@ then raises a typed error (a :class:`~tracerl.errors.TracerlError` that is also 
 | MCP server start + ``initialize`` | 60 s | ``McpServerSpec(startup_timeout=...)`` |
 | one MCP request (tool call, listing) | 120 s | ``McpServerSpec(request_timeout=...)``, ``run_mcp_agent(request_timeout=...)`` |
 | one judge / scenario-generator call (LiteLLM) | 180 s | ``extra_litellm_params={"timeout": s}`` (``judge_params`` / ``generator_params`` in MCP•RL) |
+| one distillation teacher call (``/v1/completions`` with prompt logprobs) | 120 s | ``CompletionsTeacher(timeout=...)``, ``served_teacher(timeout=...)`` |
 | one rollout, all of it | none | ``gather_trajectory_groups(..., rollout_timeout=...)`` |
 | ``tracerl serve``'s ``/v1`` proxy waiting on the inference server | 600 s (then 504) | ``tracerl serve --inference-timeout`` |
 | ``RemoteBackend`` quick calls (step, checkpoints, health) | 60 s | ``RemoteBackend(timeout=...)`` |

@@ -44,6 +44,8 @@ class TrainingSequence:
     trajectory_index: int
     group_index: int
     advantage: float = 0.0
+    token_advantages: list[float] | None = None
+    """Per-token advantages added to ``advantage`` (on-policy distillation), 0 on context tokens; None: none."""
     label: str = ""
     """Which trajectory this row comes from, as errors name it (``"group 0 (task ...), trajectory 1 (id ...)"``)."""
 
@@ -99,12 +101,16 @@ class _SequenceBuilder:
         self.ids: list[int] = []
         self.weights: list[float] = []
         self.logprobs: list[float] = []
+        self.advantages: list[float] = []
+        self.has_advantages = False
         self.done: list[TrainingSequence] = []
         self.trajectory_index = trajectory_index
         self.group_index = group_index
         self.stats = stats
 
-    def add_turn(self, prompt: list[int], completion: list[int], logprobs: list[float] | None) -> None:
+    def add_turn(
+        self, prompt: list[int], completion: list[int], logprobs: list[float] | None, advantages: list[float] | None = None
+    ) -> None:
         if self.ids and prompt[: len(self.ids)] != self.ids:
             self.stats.breaks[_break_cause(self.ids, self.weights, prompt)] += 1
             self.close()
@@ -112,19 +118,29 @@ class _SequenceBuilder:
         self.ids.extend(prompt[start:])
         self.weights.extend([0.0] * (len(prompt) - start))
         self.logprobs.extend([NAN] * (len(prompt) - start))
+        self.advantages.extend([0.0] * (len(prompt) - start))
         if logprobs is not None and len(logprobs) != len(completion):
             self.stats.logprob_length_mismatches += 1
             logprobs = None
         self.ids.extend(completion)
         self.weights.extend([1.0] * len(completion))
         self.logprobs.extend(logprobs if logprobs is not None else [NAN] * len(completion))
+        self.advantages.extend(advantages if advantages is not None else [0.0] * len(completion))
+        self.has_advantages = self.has_advantages or advantages is not None
 
     def close(self) -> None:
         if any(w > 0 for w in self.weights):
             self.done.append(
-                TrainingSequence(self.ids, self.weights, self.logprobs, self.trajectory_index, self.group_index)
+                TrainingSequence(
+                    self.ids,
+                    self.weights,
+                    self.logprobs,
+                    self.trajectory_index,
+                    self.group_index,
+                    token_advantages=self.advantages if self.has_advantages else None,
+                )
             )
-        self.ids, self.weights, self.logprobs = [], [], []
+        self.ids, self.weights, self.logprobs, self.advantages, self.has_advantages = [], [], [], [], False
 
 
 def _completion_ids(
@@ -182,7 +198,12 @@ def tokenize_history(
         completion, logprobs = _completion_ids(
             tokenizer, item, context, history.tools, list(prompt), turn_where, allow_retokenize, stats
         )
-        builder.add_turn(list(prompt), completion, logprobs)
+        advantages = item.token_advantages
+        if advantages is not None and len(advantages) != len(completion):
+            raise TrajectoryError(
+                f"{turn_where}: {len(advantages)} token advantages for {len(completion)} completion tokens; they must match"
+            )
+        builder.add_turn(list(prompt), completion, logprobs, advantages)
         context.append(item.message)
     builder.close()
     return builder.done
@@ -225,6 +246,8 @@ def tokenize_trajectory(
                 stats.truncated_sequences += 1
                 seq.token_ids, seq.weights = seq.token_ids[:max_seq_len], seq.weights[:max_seq_len]
                 seq.old_logprobs = seq.old_logprobs[:max_seq_len]
+                if seq.token_advantages is not None:
+                    seq.token_advantages = seq.token_advantages[:max_seq_len]
         sequences = [s for s in sequences if s.num_trainable > 0]
     return sequences
 

@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from .errors import TrajectoryError
 from .redact import redact_text
-from .validation import check_logprobs, check_metrics, check_token_ids, finite_reward
+from .validation import check_logprobs, check_metrics, check_token_advantages, check_token_ids, finite_reward
 
 Message = dict[str, Any]
 """An OpenAI-style chat message (``role``, ``content``, optional ``tool_calls`` / ``tool_call_id``)."""
@@ -85,6 +85,10 @@ class Choice(_Checked):
     index: int = 0
     response_id: str | None = None
     """Id of the chat-completion response, used to join capture spans with token data."""
+    token_advantages: list[float] | None = None
+    """Per-token advantage of each completion token, *added* to the group's reward advantage by
+    ``backend.train`` (same length as ``token_ids``).  On-policy distillation writes
+    ``−kl_coef · (logπ_student − logπ_teacher)`` here (:func:`tracerl.distill.add_teacher_advantages`)."""
 
     @field_validator("message", mode="before")
     @classmethod
@@ -103,6 +107,12 @@ class Choice(_Checked):
     @classmethod
     def _finite_logprobs(cls, value: list[float] | None) -> list[float] | None:
         check_logprobs(value)
+        return value
+
+    @field_validator("token_advantages")
+    @classmethod
+    def _finite_advantages(cls, value: list[float] | None) -> list[float] | None:
+        check_token_advantages(value, None)
         return value
 
     @classmethod

@@ -69,6 +69,17 @@ def check_logprobs(logprobs: Sequence[Any] | None, what: str = "") -> None:
             raise TrajectoryError(f"{_prefix(what)}the sampler logprob at position {position} is {value!r}; logprobs must be finite")
 
 
+def check_token_advantages(values: Sequence[Any] | None, token_ids: Sequence[int] | None, what: str = "") -> None:
+    """Per-token advantages finite and (when ``token_ids`` is known) one per completion token."""
+    if values is None:
+        return
+    for position, value in enumerate(values):
+        if not is_number(value) or not math.isfinite(value):
+            raise TrajectoryError(f"{_prefix(what)}the token advantage at position {position} is {value!r}; advantages must be finite")
+    if token_ids is not None and len(values) != len(token_ids):
+        raise TrajectoryError(f"{_prefix(what)}{len(values)} token advantages for {len(token_ids)} completion tokens; they must match")
+
+
 def check_token_ids(ids: Sequence[int] | None, what: str = "", vocab_size: int | None = None) -> None:
     """Every id in ``[0, vocab_size)`` (``vocab_size=None``: only ``>= 0``)."""
     if not ids:
@@ -287,3 +298,4 @@ def check_groups(groups: Sequence[Any], *, vocab_size: int | None = None) -> Non
                         check_logprobs(item.logprobs, at)
                         check_token_ids(item.prompt_token_ids, f"{at}, prompt", vocab_size)
                         check_token_ids(item.token_ids, f"{at}, completion", vocab_size)
+                        check_token_advantages(item.token_advantages, item.token_ids, at)

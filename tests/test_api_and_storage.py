@@ -25,6 +25,9 @@ EXPECTED_ALL = {
     "JudgeTimeoutError", "RemoteTimeoutError",
     # SFT (ART's names)
     "SFTConfig", "TrainSFTConfig", "create_lr_schedule", "filter_by_reward", "load_sft_file",
+    # on-policy distillation (tracerl.distill)
+    "CompletionsTeacher", "TeacherError", "TeacherTimeoutError", "add_teacher_advantages", "served_teacher",
+    "with_worked_examples",
 }
 
 

@@ -40,6 +40,16 @@ class SampleResult:
 
 
 @dataclass
+class PromptLogprob:
+    """One prompt token scored in context: its logprob and rank, and the ``top`` alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class GenerationJob:
     prompt_ids: list[int]
     adapter: str | None
@@ -97,6 +107,7 @@ class GenerationEngine:
         self._base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
         self._peft: Any = None
         self.max_model_len = int(getattr(self._base.config, "max_position_embeddings", 2048) or 2048)
+        self.vocab_size = int(self._base.get_input_embeddings().num_embeddings)
         eos = {self.tokenizer.eos_token_id}
         gen_eos = getattr(self._base.generation_config, "eos_token_id", None)
         eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
@@ -362,6 +373,33 @@ class GenerationEngine:
                 input_ids = torch.tensor(next_ids, dtype=torch.long, device=device).unsqueeze(-1)
                 mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=-1)
                 positions = positions[:, -1:] + 1
+
+    def prompt_logprobs(self, prompt_ids: list[int], adapter: str | None, top: int = 0) -> list[PromptLogprob | None]:
+        """Each prompt token's logprob given the tokens before it (vLLM's ``prompt_logprobs``; None first).
+
+        One forward pass over the prompt, outside the batching queue but under the model lock
+        (and held while a trainer has paused the server), with ``adapter`` active (None: base).
+        """
+        import torch
+
+        if not prompt_ids:
+            return []
+        with self._lock:
+            self._wait_while_paused()
+            internal = self._internal_for(adapter)
+            ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+            with torch.inference_mode(), self._selected(internal) as model:
+                logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        targets = torch.tensor(prompt_ids[1:], dtype=torch.long, device=logprobs.device)
+        chosen = logprobs.gather(-1, targets[:, None]).squeeze(-1)
+        ranks = (logprobs > chosen[:, None]).sum(-1) + 1
+        out: list[PromptLogprob | None] = [None]
+        tops = torch.topk(logprobs, top) if top > 0 else None
+        for i, token in enumerate(prompt_ids[1:]):
+            alternatives = [] if tops is None else list(zip(tops.indices[i].tolist(), tops.values[i].tolist()))
+            out.append(PromptLogprob(token, float(chosen[i]), int(ranks[i]), alternatives))
+        return out
 
     def _sample(self, row: _Row, logits: Any, logprobs: Any) -> int:
         import torch

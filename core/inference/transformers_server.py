@@ -4,8 +4,9 @@ The fallback where vLLM cannot run, and the fast path for tests.  It runs in-pro
 on a background thread with its own event loop, listening on 127.0.0.1 (a free port by
 default), and a generation worker thread that batches concurrent requests
 (see :mod:`tracerl.inference._engine`).  It speaks what the trainer needs from vLLM:
-``return_token_ids``, raw sampler logprobs, ``n > 1``, Hermes tool calls, and vLLM's
-``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``.
+``return_token_ids``, raw sampler logprobs, ``n > 1``, Hermes tool calls, vLLM's
+``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``, and ``/v1/completions`` with prompt
+logprobs (what an on-policy distillation teacher is asked, :mod:`.completions`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -24,6 +25,9 @@ from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_re
 from .tool_calls import parse_tool_calls
 from ..redact import register_secret
 from ..untraced import untraced_fastapi
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .completions import CompletionRequest
 
 BASE_ALIASES = ("base",)
 
@@ -219,6 +223,74 @@ class TransformersServer:
             include_ids=request.return_token_ids,
         )
 
+    async def complete_prompt(self, request: "CompletionRequest") -> dict[str, Any]:
+        """``/v1/completions``: score the prompt (``prompt_logprobs`` / ``echo``) and generate ``max_tokens``."""
+        from ._engine import GenerationJob
+        from .completions import completion_body, legacy_logprobs, vllm_prompt_logprobs
+
+        adapter = self.resolve_model(request.model)
+        tokenizer = self.engine.tokenizer
+        if isinstance(request.prompt, str):
+            prompt_ids = list(tokenizer(request.prompt, add_special_tokens=False)["input_ids"])
+        else:
+            prompt_ids = list(request.prompt)
+        vocab = self.engine.vocab_size
+        if any(t >= vocab for t in prompt_ids):
+            raise OpenAIError(f"a prompt token id is outside the vocabulary [0, {vocab})", param="prompt")
+        if len(prompt_ids) + request.max_tokens > self.engine.max_model_len:
+            raise OpenAIError(
+                f"the {len(prompt_ids)} prompt tokens plus max_tokens={request.max_tokens} exceed the model's "
+                f"context of {self.engine.max_model_len}",
+                param="max_tokens",
+            )
+        top = max(request.prompt_logprobs or 0, request.logprobs or 0)
+        scored = None
+        if request.prompt_logprobs is not None or (request.echo and request.logprobs is not None):
+            try:
+                scored = await asyncio.to_thread(self.engine.prompt_logprobs, prompt_ids, adapter, top)
+            except ConfigError as error:  # the adapter was unloaded meanwhile
+                raise OpenAIError(str(error), status=404, type="not_found_error", param="model") from error
+        result = None
+        if request.max_tokens > 0:
+            job = GenerationJob(
+                prompt_ids=prompt_ids,
+                adapter=adapter,
+                temperature=request.temperature,
+                max_tokens=request.max_tokens,
+                seed=request.seed,
+                top_logprobs=request.logprobs or 0,
+            )
+            try:
+                result = (await asyncio.wrap_future(self.engine.submit(job)))[0]
+            except ConfigError as error:
+                raise OpenAIError(str(error), status=404, type="not_found_error", param="model") from error
+        text_of = self.engine.token_text
+        generated = result.token_ids if result is not None else []
+        text = result.text if result is not None else ""
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": result.finish_reason if result else "length"}
+        if request.logprobs is not None:
+            ids: list[int] = list(generated)
+            lps: list[float | None] = list(result.logprobs) if result is not None else []
+            tops: list[Any] = list(result.top_logprobs) if result is not None and request.logprobs else [None] * len(ids)
+            if request.echo:
+                assert scored is not None
+                ids = prompt_ids + ids
+                lps = [None if e is None else e.logprob for e in scored] + lps
+                tops = [None if e is None else e.top[: request.logprobs] for e in scored] + tops
+            choice["logprobs"] = legacy_logprobs(ids, lps, tops, text_of)
+        if request.echo:
+            choice["text"] = tokenizer.decode(prompt_ids) + text
+        if request.prompt_logprobs is not None:
+            assert scored is not None
+            for entry in scored:
+                if entry is not None:
+                    entry.top = entry.top[: request.prompt_logprobs]
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(scored, text_of)
+        if request.return_token_ids:
+            choice["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = list(generated)
+        return completion_body(model=request.model, choice=choice, prompt_tokens=len(prompt_ids), completion_tokens=len(generated))
+
     def _choice(self, index: int, result: Any, request: ChatRequest, prompt_ids: list[int]) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": result.text}
         finish = result.finish_reason
@@ -275,6 +347,12 @@ def build_app(server: TransformersServer) -> Any:
         if chat.stream:
             return StreamingResponse(stream_events(completion, chat.include_usage), media_type="text/event-stream")
         return completion
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        from .completions import parse_completion_request
+
+        return await server.complete_prompt(parse_completion_request(await json_body(request)))
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Any:
