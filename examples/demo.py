@@ -155,6 +155,12 @@ async def evaluate(model: tracerl.TrainableModel, tasks: list[dict[str, int]]) -
     return [tracerl.TrajectoryGroup([t]) for t in trajectories]
 
 
+def step_split(metrics: dict[str, float]) -> str:
+    """``rollouts 12s, train 9s, save 0s, hot-load 2s``: where the step's wall time went."""
+    parts = [("rollouts", "rollout_seconds"), ("train", "train_seconds"), ("save", "save_seconds"), ("hot-load", "hot_load_seconds")]
+    return ", ".join(f"{label} {metrics[key]:.0f}s" for label, key in parts if key in metrics)
+
+
 def already_logged(model: tracerl.Model, split: str, step: int) -> bool:
     return any(row.get("step") == step and f"{split}/reward" in row for row in model.history())
 
@@ -200,7 +206,7 @@ async def main(args: argparse.Namespace) -> None:
             print(
                 f"step {result.step}/{args.steps}  train reward {sum(t.reward for g in groups for t in g) / sum(len(g) for g in groups):.3f}"
                 f"  trainable groups {result.metrics['num_groups_trainable']:.0f}/{len(groups)}"
-                f"  {result.metrics['step_seconds']:.0f}s train  {elapsed / 60:.1f} min elapsed",
+                f"  {step_split(result.metrics)}  {elapsed / 60:.1f} min elapsed",
                 flush=True,
             )
             if result.step % args.eval_every == 0 or result.step == args.steps:
