@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import statistics
+import time
 from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
@@ -52,7 +53,12 @@ async def bounded(awaitable: Awaitable[T], timeout: float | None = None) -> T:
 
 
 class GatheredGroups(list):
-    """A plain list of groups plus ``metrics`` about the gather (dropped groups, failures)."""
+    """A plain list of groups plus ``metrics`` about the gather (dropped groups, failures, wall time).
+
+    ``metrics["seconds"]`` is the gather's wall time; ``LocalBackend.train`` given these groups
+    reports it as ``rollout_seconds`` beside its own train / save / hot-load split, so every
+    step's row says where its time went without the loop timing anything itself.
+    """
 
     metrics: dict[str, float]
 
@@ -142,6 +148,7 @@ async def gather_trajectory_groups(
     limit; every model and MCP call has its own timeout).  It bounds each awaitable of a
     ``TrajectoryGroup(rollouts)`` and each attempt of a ``tracerl.trajectory_group``.
     """
+    started = time.monotonic()
     groups = list(groups)
     total = sum(len(g._pending) + len(g.trajectories) if isinstance(g, TrajectoryGroup) else 1 for g in groups)
     progress = _Progress(total, pbar_desc)
@@ -184,6 +191,7 @@ async def gather_trajectory_groups(
         "rollout_timeouts": float(progress.timeouts),
         "infrastructure_exceptions": float(progress.infrastructure),
         "reward": statistics.fmean(progress.rewards) if progress.rewards else float("nan"),
+        "seconds": time.monotonic() - started,
     }
     return out
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Literal
 
 from .base_models import resolve_base_model
 from .errors import CheckpointError, ConfigError, NonFiniteError, TrajectoryError
+from .gather import GatheredGroups
 from .model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
 from .run_lock import RunLock
 from .storage import TRAIN_SPLIT, RunDir, atomic_dir
@@ -257,6 +258,14 @@ class LocalBackend:
     ) -> TrainResult:
         """One GRPO step on ``trajectory_groups``; returns the new step, metrics and checkpoint path.
 
+        The metrics carry the step's wall-time split: ``train_seconds`` (tokenization, forwards,
+        backwards, update), ``save_seconds`` (checkpoint and trajectories written),
+        ``hot_load_seconds`` (the adapter loaded, or the merged weights written and reloaded) and
+        ``step_seconds`` (this whole call); ``rollout_seconds`` too when ``trajectory_groups`` is
+        what :func:`~tracerl.gather_trajectory_groups` returned (its wall time).  The checkpoint's
+        ``step.json`` row is written before the save and hot-load finish, so it holds only the
+        first two.
+
         Arguments and every number of every trajectory are checked before any model is loaded
         (``ConfigError`` / ``TrajectoryError``; a call where no trajectory has a sampled turn is a
         ``TrajectoryError`` that names them and the likely cause).  Zero-variance groups are skipped (unless a sampled turn carries
@@ -281,6 +290,7 @@ class LocalBackend:
             allow_retokenize=allow_retokenize,
             on_non_finite=on_non_finite,
         )
+        rollout_seconds = _gather_seconds(trajectory_groups)
         groups = list(trajectory_groups)
         without_sampled_turns = check_sampled_turns(groups)  # none at all: raises, naming them and why
         state = self._writable(model)
@@ -292,14 +302,18 @@ class LocalBackend:
         step = (state.run_dir.latest_step() or 0) + 1
         sequences, metrics = self._prepare(state, groups, scale_rewards, allow_retokenize)
         metrics["trajectories_without_sampled_turns"] = float(without_sampled_turns)
+        if rollout_seconds is not None:
+            metrics["rollout_seconds"] = rollout_seconds
         final = state.run_dir.checkpoint_path(step)
         trainer = None
         if sequences and await self._step_or_skip(state, sequences, config, metrics, on_non_finite):
             trainer = self._trainer(state)
         elif not state.run_dir.checkpoint_path(step - 1).exists():
             raise CheckpointError(f"checkpoint {state.run_dir.checkpoint_path(step - 1)} is missing; cannot advance to step {step}")
-        metrics["step_seconds"] = time.monotonic() - started
+        metrics["train_seconds"] = metrics["step_seconds"] = time.monotonic() - started
+        saving = time.monotonic()
         await asyncio.to_thread(_commit_step, state.run_dir, step, trainer, groups, metrics)
+        metrics["save_seconds"] = time.monotonic() - saving
         corr = metrics.get("sampler_trainer_prob_corr")
         if corr is not None and corr < LOGPROB_CORR_WARN:
             log.warning(
@@ -458,6 +472,14 @@ class LocalBackend:
 def _has_token_advantages(group: TrajectoryGroup) -> bool:
     """Whether a sampled turn of ``group`` carries per-token advantages (on-policy distillation)."""
     return any(choice.token_advantages is not None for t in group.trajectories for choice in t.sampled_turns())
+
+
+def _gather_seconds(trajectory_groups: object) -> float | None:
+    """The wall time ``gather_trajectory_groups`` recorded on its result (``None`` for any other iterable)."""
+    if not isinstance(trajectory_groups, GatheredGroups):
+        return None
+    seconds = trajectory_groups.metrics.get("seconds")
+    return float(seconds) if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _name_sequences(sequences: list[TrainingSequence], indices: tuple[int, ...]) -> str:
