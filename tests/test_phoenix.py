@@ -42,7 +42,7 @@ async def test_a_rollout_in_phoenix_keeps_its_parents_and_attributes(phoenix):
             to_collector.shutdown()
     sent = {s.span_id: s for s in collector.trace(r.trajectory.trace_id)}
     stored = {s["context"]["span_id"]: s for s in phoenix.spans(r.trajectory.trace_id, expected=len(sent))}
-    assert len(sent) > 10 and set(stored) == set(sent)
+    assert len(sent) >= 8 and set(stored) == set(sent)  # create_agent: rollout, graph, nodes, 2 model calls, tool
     for span_id, span in sent.items():
         assert stored[span_id]["parent_id"] == span.parent_span_id, span.name
         assert stored[span_id]["name"] == span.name
