@@ -11,7 +11,7 @@ SmolLM2-135M served by tracerl (vLLM when installed, else transformers); each at
 groups, ``backend.train``, ``model.log``, a greedy held-out evaluation every few steps, a
 reward curve at the end.  A killed run resumes from its newest checkpoint.
 
-    python examples/langgraph_learns.py --seed 0                 # ~30 min on a 2-core CPU
+    python examples/langgraph_learns.py --seed 0                 # 8 steps, ~12 min on a 2-core CPU with vLLM
     python examples/langgraph_learns.py --tiny                   # 2 steps, tiny batches (tests)
     python examples/langgraph_learns.py --base-url URL --model M # no training: score a few attempts at an endpoint
 """
@@ -150,15 +150,15 @@ async def score_endpoint(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--inference", choices=["auto", "vllm", "transformers"], default="auto")
     p.add_argument("--base-model", default="smollm2-135m")
     p.add_argument("--groups-per-step", type=int, default=2)
     p.add_argument("--rollouts", type=int, default=8, help="attempts per task")
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=3e-4, help="3e-4: at 1e-4 the held-out reward moved 0.45 -> 0.51 in 10 steps")
     p.add_argument("--val-tasks", type=int, default=16)
-    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--eval-every", type=int, default=4)
     p.add_argument("--max-minutes", type=float, default=30.0)
     p.add_argument("--data", default=".tracerl")
     p.add_argument("--plot", default=None, help="reward curve PNG (default: docs/langgraph_learns_seed{seed}.png)")
