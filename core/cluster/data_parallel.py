@@ -150,9 +150,44 @@ def train_step_data_parallel(
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
                    "-m", "tracerl.cluster.data_parallel", str(Path(scratch, "job.json"))]
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        failure = Path(scratch, "error.json")
+        if failure.exists():  # the step's own error, as the ranks raised it: the same type here
+            kind, message, sequences = json.loads(failure.read_text())
+            if kind == NonFiniteError.__name__:
+                raise NonFiniteError(message, sequences=tuple(sequences))
+            if kind == TrajectoryError.__name__:
+                raise TrajectoryError(message)
+            raise TracerlError(f"{kind}: {message}")
         if done.returncode != 0:
             raise TracerlError(f"the data-parallel step failed (torchrun exit {done.returncode}):\n{done.stderr[-4000:]}")
         return json.loads(Path(job["metrics"]).read_text())
+
+
+class TorchrunLoRATrainer(LoRATrainer):
+    """A :class:`LoRATrainer` whose steps are taken by ``workers`` torchrun processes on this machine
+    (``LocalBackend(train_workers=N)``): before a step its adapter and optimizer state are written to
+    a scratch folder the ranks start from, after it the result is loaded back, so checkpoints,
+    resume and hot-loading stay the backend's.  Each step starts the ranks afresh (model load
+    included): the price of keeping one process's trainer and many processes' step interchangeable."""
+
+    def __init__(self, model_path: str | os.PathLike[str], *, workers: int, **options: Any) -> None:
+        if workers < 1:
+            raise ConfigError(f"train_workers must be >= 1, got {workers}")
+        super().__init__(model_path, **options)
+        self.model_path, self.workers = str(model_path), workers
+
+    def step(self, micro_batches: Sequence[MicroBatch], config: StepConfig) -> dict[str, float]:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        with tempfile.TemporaryDirectory(prefix="tracerl-dp-step-") as scratch:
+            before, after = Path(scratch, "before"), Path(scratch, "after")
+            self.save(before, step=0)
+            metrics = train_step_data_parallel(self.model_path, micro_batches, config, after, workers=self.workers,
+                                               adapter_path=before, lora=self.lora, device=str(self.device).split(":")[0])
+            set_peft_model_state_dict(self.model, load_file(after / "adapter_model.safetensors", device=str(self.device)))
+            self.optimizer.load_state_dict(torch.load(after / "optimizer.pt", weights_only=True))
+        return metrics
 
 
 def _worker(job_file: str) -> None:
@@ -166,8 +201,14 @@ def _worker(job_file: str) -> None:
     try:
         lora = LoRASettings(**{**job["lora"], "target_modules": tuple(job["lora"]["target_modules"])})
         trainer = DataParallelLoRATrainer(job["model_path"], lora=lora, adapter_path=job["adapter_path"], device=device)
-        micro_batches = torch.load(job["batches"], weights_only=False)
-        metrics = trainer.step(micro_batches, StepConfig(**job["config"]))
+        micro_batches = torch.load(job["batches"], weights_only=False)  # our own file, written by the launcher
+        try:
+            metrics = trainer.step(micro_batches, StepConfig(**job["config"]))
+        except Exception as error:  # every rank raises (DataParallelLoRATrainer); rank 0 tells the launcher what
+            if dist.get_rank() == 0:
+                report = [type(error).__name__, str(error), list(getattr(error, "sequences", ()))]
+                Path(job["metrics"]).with_name("error.json").write_text(json.dumps(report))
+            raise
         if dist.get_rank() == 0:
             trainer.save(job["out"], step=job["step"])
             Path(job["metrics"]).write_text(json.dumps({**metrics, "data_parallel_workers": float(dist.get_world_size())}))
