@@ -23,6 +23,14 @@ async def ask(model, prompt: str) -> float:
     return float(len(completion.choices[0].message.content or ""))
 
 
+async def ask_for(model, prompt: str, reward: float) -> float:
+    """One model call; the reward is given (so a group's rewards differ and it is trained on)."""
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=[{"role": "user", "content": prompt}], max_tokens=3, temperature=1.0)
+    assert completion.choices[0].message is not None
+    return reward
+
+
 async def raises(model, prompt: str) -> float:
     raise ValueError(f"the task {prompt!r} makes this agent fail")
 
