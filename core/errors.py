@@ -98,6 +98,12 @@ class McpTimeoutError(McpServerError, TimeoutError):
     """An MCP server did not answer in time (knobs: ``McpServerSpec(startup_timeout=..., request_timeout=...)``)."""
 
 
+class RolloutWorkerError(InfrastructureError):
+    """The worker a rollout ran on was lost (its process died, its node left the cluster, Ray could not
+    place or return it): ``tracerl.cluster.RayRollouts``.  Says nothing about the policy: recorded in
+    ``group.exceptions``, never trained on."""
+
+
 class RolloutTimeoutError(TracerlError, TimeoutError):
     """A rollout ran past ``rollout_timeout`` and was cancelled (its MCP sessions and servers closed)."""
 

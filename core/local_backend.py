@@ -69,6 +69,7 @@ class LocalBackend:
         max_seq_len: int | None = 4096,
         server_options: dict[str, Any] | None = None,
         serve_merged: bool = False,
+        train_workers: int = 1,
     ) -> None:
         """``path``: data directory (overrides the model's ``base_path``); ``inference=None`` trains without serving.
 
@@ -77,6 +78,9 @@ class LocalBackend:
         each step the merged weights are written and reloaded in place.  On a CPU this decodes
         at base-model speed where a served LoRA runs at ~0.3-0.5x (``bench/serving_speed.py``);
         each step pays a merge + write + reload of the full model instead of an adapter load.
+
+        ``train_workers=N`` (N > 1): each GRPO step is taken by N data-parallel torchrun processes
+        (gloo on CPU, nccl on CUDA; ``tracerl.cluster.data_parallel``), one process's step to float tolerance.
         """
         if inference not in (None, "auto", "vllm", "transformers"):
             raise ConfigError(f"inference must be 'auto', 'vllm', 'transformers' or None, got {inference!r}")
@@ -89,6 +93,9 @@ class LocalBackend:
         self.max_seq_len = max_seq_len
         self.server_options = dict(server_options or {})
         self.serve_merged = serve_merged
+        if train_workers < 1:
+            raise ConfigError(f"train_workers must be >= 1, got {train_workers}")
+        self.train_workers = train_workers
         self._models: dict[str, _Registered] = {}
 
     # -- registration -------------------------------------------------------------
@@ -187,12 +194,14 @@ class LocalBackend:
 
             latest = state.run_dir.latest_step()
             adapter = state.run_dir.checkpoint_path(latest) if latest is not None else None
-            state.trainer = LoRATrainer(
-                state.model_path,
-                lora=LoRASettings.from_dict(state.model.lora_config),
-                adapter_path=adapter,
-                device=self.device,
-            )
+            options: dict[str, Any] = dict(lora=LoRASettings.from_dict(state.model.lora_config), adapter_path=adapter,
+                                           device=self.device)
+            if self.train_workers > 1:
+                from .cluster.data_parallel import TorchrunLoRATrainer
+
+                state.trainer = TorchrunLoRATrainer(state.model_path, workers=self.train_workers, **options)
+            else:
+                state.trainer = LoRATrainer(state.model_path, **options)
         return state.trainer
 
     def tokenizer(self, model: Model) -> Any:

@@ -67,6 +67,11 @@ class StepConfig:
         self.loss_fn, self.importance_level = LossFn(self.loss_fn), ImportanceLevel(self.importance_level)
 
 
+def trained_tokens(micro_batches: Sequence[MicroBatch]) -> float:
+    """How many tokens the step trains on (the loss's normaliser)."""
+    return sum(float((mb.weights_N > 0).sum()) for mb in micro_batches)
+
+
 def _release_freed_memory() -> None:
     """Hand freed heap pages back to the OS (glibc keeps them otherwise: RSS only grows)."""
     try:
@@ -224,10 +229,14 @@ class LoRATrainer:
         return result, float(grad_norm)
 
     def _accumulate(
-        self, micro_batches: Sequence[MicroBatch], config: StepConfig
+        self, micro_batches: Sequence[MicroBatch], config: StepConfig, *, normalizer: float | None = None
     ) -> tuple[dict[str, float], list[torch.Tensor], list[torch.Tensor]]:
-        """Forward and backward of every micro-batch (gradients add up); raises on a non-finite loss."""
-        normalizer = sum(float((mb.weights_N > 0).sum()) for mb in micro_batches)
+        """Forward and backward of every micro-batch (gradients add up); raises on a non-finite loss.
+
+        ``normalizer``: the trained tokens of the whole step (default: of ``micro_batches``); a
+        data-parallel rank passes the step's, so the ranks' gradients sum to one process's."""
+        if normalizer is None:
+            normalizer = trained_tokens(micro_batches)
         totals = {"loss": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0}
         sampler, trainer = [], []
         for index, mb in enumerate(micro_batches):

@@ -53,3 +53,32 @@ def served_client(served_fake):
     from openai import AsyncOpenAI
 
     return AsyncOpenAI(base_url=served_fake.base_url, api_key="x", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real two-node Ray cluster on loopback, started once per test session (Ray is process-wide).
+
+    Two logical CPUs per node: an inference replica and a rollout task fit on each."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 80 * 2**20})
+    nodes.add_node(num_cpus=2, object_store_memory=80 * 2**20)
+    ray.init(address=nodes.address, include_dashboard=False, log_to_driver=False)
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A tiny randomly initialised Llama with a word-level tokenizer (bench/gpu_check.py's)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import gpu_check
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    gpu_check.write_random_model(gpu_check.TINY_SHAPES["tiny-llama-shape"], folder, "cpu")
+    return folder

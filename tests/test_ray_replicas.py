@@ -6,37 +6,24 @@ tokenizer); the adapter reaches each replica through Ray's object store, not a s
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
-
 from tracerl.cluster import REPLICA_HEADER, GROUP_HEADER  # noqa: E402
 from tracerl.cluster.ray_replicas import RayReplicas  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import gpu_check  # noqa: E402
+
+@pytest.fixture()
+def cluster(ray_cluster):
+    return ray_cluster  # one cluster per session (tests/conftest.py)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
-    nodes.add_node(num_cpus=1, object_store_memory=80 * 2**20)
-    ray.init(address=nodes.address, include_dashboard=False, log_to_driver=False)
-    yield nodes
-    ray.shutdown()
-    nodes.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    gpu_check.write_random_model(gpu_check.TINY_SHAPES["tiny-llama-shape"], folder, "cpu")
-    return folder
+@pytest.fixture()
+def tiny_model(tiny_llama):
+    return tiny_llama
 
 
 def _adapter(model_folder: Path, out: Path) -> Path:

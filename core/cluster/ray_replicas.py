@@ -131,7 +131,11 @@ class RayReplicas:
         """Ship the adapter folder through the object store to every replica and hot-load it there."""
         import ray
 
-        files = ray.put(adapter_files(path))  # once; each node pulls it from the object store
+        await self.load_adapter_files(name, ray.put(adapter_files(path)))  # once; each node pulls it from the object store
+
+    async def load_adapter_files(self, name: str, files: Any) -> None:
+        """Hot-load an adapter already in the object store (``ray.put(adapter_files(folder))``, e.g. by
+        the trainer actor on its node) on every replica."""
         try:
             await asyncio.gather(*(a.load_adapter.remote(name, files) for a in self.actors))
         except Exception as error:  # noqa: BLE001
