@@ -70,6 +70,7 @@ class LocalBackend:
         server_options: dict[str, Any] | None = None,
         serve_merged: bool = False,
         train_workers: int = 1,
+        gradient_checkpointing: bool = False,
     ) -> None:
         """``path``: data directory (overrides the model's ``base_path``); ``inference=None`` trains without serving.
 
@@ -81,6 +82,10 @@ class LocalBackend:
 
         ``train_workers=N`` (N > 1): each GRPO step is taken by N data-parallel torchrun processes
         (gloo on CPU, nccl on CUDA; ``tracerl.cluster.data_parallel``), one process's step to float tolerance.
+
+        ``gradient_checkpointing=True`` recomputes activations in backward: about half the
+        trainer's peak memory for ~35% more step time (:class:`~tracerl.trainer.LoRATrainer`;
+        one process only for now).
         """
         if inference not in (None, "auto", "vllm", "transformers"):
             raise ConfigError(f"inference must be 'auto', 'vllm', 'transformers' or None, got {inference!r}")
@@ -95,7 +100,10 @@ class LocalBackend:
         self.serve_merged = serve_merged
         if train_workers < 1:
             raise ConfigError(f"train_workers must be >= 1, got {train_workers}")
+        if gradient_checkpointing and train_workers > 1:
+            raise ConfigError("gradient_checkpointing=True is not wired into the data-parallel ranks yet: use train_workers=1")
         self.train_workers = train_workers
+        self.gradient_checkpointing = gradient_checkpointing
         self._models: dict[str, _Registered] = {}
 
     # -- registration -------------------------------------------------------------
@@ -201,7 +209,7 @@ class LocalBackend:
 
                 state.trainer = TorchrunLoRATrainer(state.model_path, workers=self.train_workers, **options)
             else:
-                state.trainer = LoRATrainer(state.model_path, **options)
+                state.trainer = LoRATrainer(state.model_path, gradient_checkpointing=self.gradient_checkpointing, **options)
         return state.trainer
 
     def tokenizer(self, model: Model) -> Any:
