@@ -169,7 +169,7 @@ async def distill(args: argparse.Namespace, backend: tracerl.LocalBackend, val: 
     teacher = tracerl.served_teacher(model, context=tracerl.with_worked_examples(worked_examples()), tokenizer=backend.tokenizer(model))
     points = [(0, await held_out(model, val))]
     per_step = args.groups_per_step * args.rollouts
-    steps = max(1, budget // per_step)
+    steps = max(1, round(budget / per_step))  # the nearest whole number of steps to the other arm's rollouts
     kls = []
     for step in range(steps):
         batch = [train[(step * args.groups_per_step + g) % len(train)] for g in range(args.groups_per_step)]
