@@ -223,7 +223,7 @@ def plot(folder: Path, target: Path) -> Path:
         ax.axhline(data["sft_then_rl"]["teacher_reward"], color="gray", linestyle=":", linewidth=1)
     ax.set_xlabel("training rollouts sampled (rejection sampling included)")
     ax.set_ylabel("held-out reward, no worked examples (greedy)")
-    ax.set_title("SmolLM2-135M calculator agent without worked examples (dotted: base with 3)")
+    ax.set_title("SmolLM2-135M calculator agent, no worked examples (dotted: base with 3)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
