@@ -237,3 +237,31 @@ async def test_an_unreachable_teacher_is_an_infrastructure_error():
     with pytest.raises(tracerl.TeacherError, match="could not be reached") as caught:
         await tracerl.add_teacher_advantages([trajectory()], teacher)
     assert isinstance(caught.value, tracerl.InfrastructureError)
+
+
+# -- the transformers server's request parsing --------------------------------------------------------
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"model": "m", "prompt": []}, "prompt"),
+        ({"model": "m", "prompt": [1, -2]}, "prompt"),
+        ({"model": "m", "prompt": [1, 2], "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "prompt": [1, 2], "prompt_logprobs": 99}, "prompt_logprobs"),
+        ({"model": "m", "prompt": "hi", "n": 2}, "n"),
+        ({"prompt": "hi"}, "model"),
+    ],
+)
+def test_completion_requests_are_validated(body, param):
+    from tracerl.inference._http import OpenAIError
+    from tracerl.inference.completions import parse_completion_request
+
+    with pytest.raises(OpenAIError) as caught:
+        parse_completion_request(body)
+    assert caught.value.param == param
+
+
+def test_a_scoring_request_parses():
+    from tracerl.inference.completions import parse_completion_request
+
+    request = parse_completion_request({"model": "m", "prompt": [[5, 6, 7]], "max_tokens": 0, "echo": True, "logprobs": 0})
+    assert request.prompt == [5, 6, 7] and request.max_tokens == 0 and request.echo and request.logprobs == 0

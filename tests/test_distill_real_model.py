@@ -62,6 +62,10 @@ async def test_context_distillation_step_moves_the_student_towards_the_teacher(t
             scored = await itself.score(query)
             assert scored == pytest.approx(t.sampled_turns()[0].logprobs, abs=2e-3)
 
+        echoed = tracerl.CompletionsTeacher(model.inference_base_url, model.name, api_key=model.inference_api_key, protocol="echo")
+        first = queries(group)[0]
+        assert await echoed.score(first) == pytest.approx(await itself.score(first), abs=1e-5)  # both wire forms agree
+
         tokenizer = backend.tokenizer(model)
         teacher = tracerl.served_teacher(model, context=tracerl.with_worked_examples(demo.worked_examples()), tokenizer=tokenizer)
         before = await tracerl.add_teacher_advantages([group], teacher, kl_coef=1.0)

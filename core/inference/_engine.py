@@ -374,23 +374,22 @@ class GenerationEngine:
                 mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=-1)
                 positions = positions[:, -1:] + 1
 
-    def prompt_logprobs(self, prompt_ids: list[int], adapter: str | None, top: int = 0) -> list[PromptLogprob | None]:
-        """Each prompt token's logprob given the tokens before it (vLLM's ``prompt_logprobs``; None first).
+    def prompt_logprobs(self, prompt_ids: list[int], adapter: str | None, top: int = 0) -> tuple[list[PromptLogprob | None], Any]:
+        """Each prompt token's logprob given the tokens before it (vLLM's ``prompt_logprobs``; None first),
+        and the logits after the last prompt token (so a one-token completion needs no second pass).
 
         One forward pass over the prompt, outside the batching queue but under the model lock
         (and held while a trainer has paused the server), with ``adapter`` active (None: base).
         """
         import torch
 
-        if not prompt_ids:
-            return []
         with self._lock:
             self._wait_while_paused()
             internal = self._internal_for(adapter)
             ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
             with torch.inference_mode(), self._selected(internal) as model:
-                logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
+                logits = model(input_ids=ids, use_cache=False).logits[0].float()
+        logprobs = torch.log_softmax(logits[:-1], dim=-1)
         targets = torch.tensor(prompt_ids[1:], dtype=torch.long, device=logprobs.device)
         chosen = logprobs.gather(-1, targets[:, None]).squeeze(-1)
         ranks = (logprobs > chosen[:, None]).sum(-1) + 1
@@ -399,7 +398,22 @@ class GenerationEngine:
         for i, token in enumerate(prompt_ids[1:]):
             alternatives = [] if tops is None else list(zip(tops.indices[i].tolist(), tops.values[i].tolist()))
             out.append(PromptLogprob(token, float(chosen[i]), int(ranks[i]), alternatives))
-        return out
+        return out, logits[-1]
+
+    def one_token(self, logits: Any, temperature: float, seed: int | None, top: int = 0) -> SampleResult:
+        """A one-token completion sampled from ``logits`` (the last prompt position), as the decoder would."""
+        import torch
+
+        generator = torch.Generator(device=logits.device)
+        generator.manual_seed((seed if seed is not None else random.SystemRandom().getrandbits(63)) % (2**63))
+        job = GenerationJob(prompt_ids=[], adapter=None, temperature=temperature, max_tokens=1, top_logprobs=top)
+        row = _Row(job=job, choice=0, generator=generator)
+        self._sample(row, logits, torch.log_softmax(logits, dim=-1))
+        stop = row.ids[-1] in self.eos_ids
+        return SampleResult(
+            token_ids=row.ids, logprobs=row.logprobs, top_logprobs=row.top,
+            finish_reason="stop" if stop else "length", text="" if stop else self.decode(row.ids),
+        )
 
     def _sample(self, row: _Row, logits: Any, logprobs: Any) -> int:
         import torch
