@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, list[str]] = {
                   "--warmup", "1", "--json", "{raw}/grpo_step_results.json"],
     "time_to_reward": ["--max-minutes", "5", "--target", "0.5", "--eval-every", "3", "--groups-per-step", "2",
                        "--results", "{raw}/time_to_reward_results.json"],
+    "demo_step": ["--steps", "4", "--json", "{raw}/demo_step_results.json"],
     "capture_overhead": ["--calls", "1000"],
     "capture_memory": [],
     "langgraph_overhead": [],
