@@ -2,7 +2,8 @@
 cluster, each taken by two data-parallel (gloo) workers, the rollouts as Ray tasks, and afterwards
 both replicas serve ``name@2`` (issue 12's acceptance line).
 
-The model is the tiny random Llama; the adapters travel trainer node → object store → replicas.
+The model is the tiny random Llama in the light suite and the real SmolLM2-135M in the
+``real_model`` run; the adapters travel trainer node → object store → replicas.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from tracerl.cluster.ray_rollouts import RayRollouts  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(agents)
 
 
-async def test_two_steps_on_the_trainer_actor_then_both_replicas_serve_name_at_2(ray_cluster, tiny_llama, tmp_path):
-    replicas = RayReplicas(tiny_llama, replicas=2, num_cpus=1, served_name="agent", server_options={"num_threads": 1})
+@pytest.mark.parametrize("base", ["tiny_llama", pytest.param("smol_path", marks=pytest.mark.real_model)])
+async def test_two_steps_on_the_trainer_actor_then_both_replicas_serve_name_at_2(ray_cluster, base, request, tmp_path):
+    model_folder = request.getfixturevalue(base)  # the base model folder (the same path on both nodes)
+    replicas = RayReplicas(model_folder, replicas=2, num_cpus=1, served_name="agent", server_options={"num_threads": 1})
     backend = RayBackend(replicas, path=tmp_path / "trainer-node", train_workers=2)  # two gloo workers per step
-    model = tracerl.TrainableModel("agent", "ray", base_model=str(tiny_llama), base_path=tmp_path / "client",
+    model = tracerl.TrainableModel("agent", "ray", base_model=str(model_folder), base_path=tmp_path / "client",
                                    lora_config={"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]})
     await model.register(backend)
     try:
