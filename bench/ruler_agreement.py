@@ -87,7 +87,10 @@ def pairwise(truth: list[float], judged: list[float]) -> tuple[float, int]:
     return agree, pairs
 
 
-async def judge_all(groups: list[tracerl.TrajectoryGroup], judge: JudgeEndpoint, *, schema: bool, max_tokens: int, concurrency: int) -> list[dict[str, Any]]:
+async def judge_all(
+    groups: list[tracerl.TrajectoryGroup], judge: JudgeEndpoint, *, schema: bool, max_tokens: int, concurrency: int,
+    debug: bool = False,
+) -> list[dict[str, Any]]:
     """One RULER call per group (at most ``concurrency`` at once); failures recorded, not raised."""
     params: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0}
     if not schema:
@@ -98,9 +101,9 @@ async def judge_all(groups: list[tracerl.TrajectoryGroup], judge: JudgeEndpoint,
         async with gate:
             started = time.perf_counter()
             try:
-                scores = await ruler(list(group.trajectories), judge, extra_litellm_params=params, cache=False)
+                scores = await ruler(list(group.trajectories), judge, extra_litellm_params=params, cache=False, debug=debug)
             except tracerl.JudgeError as error:
-                return {"ok": False, "error": str(error)[:300], "seconds": time.perf_counter() - started}
+                return {"ok": False, "error": str(error), "seconds": time.perf_counter() - started}
             return {
                 "ok": True,
                 "scores": [s.score for s in scores],
@@ -160,7 +163,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             if name not in args.variants:
                 continue
             started = time.perf_counter()
-            results = await judge_all(groups, judge, schema=schema, max_tokens=args.judge_max_tokens, concurrency=args.concurrency)
+            results = await judge_all(groups, judge, schema=schema, max_tokens=args.judge_max_tokens, concurrency=args.concurrency,
+                                     debug=args.debug)
             variants[name] = {**summarize(truth, results), "seconds": time.perf_counter() - started, "results": results}
         return {
             "args": vars(args),
@@ -199,6 +203,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--judge-max-tokens", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--variants", type=lambda text: text.split(","), default=["schema", "text"], help="schema,text")
+    parser.add_argument("--debug", action="store_true", help="print each judge prompt and raw answer to stderr")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "ruler_agreement.json")
     return parser.parse_args()
 
