@@ -25,6 +25,7 @@ import asyncio
 import importlib.util
 import json
 import math
+import random
 import statistics
 import sys
 import tempfile
@@ -87,7 +88,10 @@ def pairwise(truth: list[float], judged: list[float]) -> tuple[float, int]:
     return agree, pairs
 
 
-async def judge_all(groups: list[tracerl.TrajectoryGroup], judge: JudgeEndpoint, *, schema: bool, max_tokens: int, concurrency: int) -> list[dict[str, Any]]:
+async def judge_all(
+    groups: list[tracerl.TrajectoryGroup], judge: JudgeEndpoint, *, schema: bool, max_tokens: int, concurrency: int,
+    debug: bool = False,
+) -> list[dict[str, Any]]:
     """One RULER call per group (at most ``concurrency`` at once); failures recorded, not raised."""
     params: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0}
     if not schema:
@@ -98,9 +102,9 @@ async def judge_all(groups: list[tracerl.TrajectoryGroup], judge: JudgeEndpoint,
         async with gate:
             started = time.perf_counter()
             try:
-                scores = await ruler(list(group.trajectories), judge, extra_litellm_params=params, cache=False)
+                scores = await ruler(list(group.trajectories), judge, extra_litellm_params=params, cache=False, debug=debug)
             except tracerl.JudgeError as error:
-                return {"ok": False, "error": str(error)[:300], "seconds": time.perf_counter() - started}
+                return {"ok": False, "error": str(error), "seconds": time.perf_counter() - started}
             return {
                 "ok": True,
                 "scores": [s.score for s in scores],
@@ -112,16 +116,43 @@ async def judge_all(groups: list[tracerl.TrajectoryGroup], judge: JudgeEndpoint,
     return list(await asyncio.gather(*(one(g) for g in groups)))
 
 
-def summarize(truth: list[list[float]], results: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in results if r["ok"]]
-    rhos, agree, pairs = [], 0.0, 0
+def compared(truth: list[list[float]], results: list[dict[str, Any]]) -> list[tuple[float, float, int]]:
+    """(Spearman, agreeing pairs, pairs) per group that is well-formed and whose checked rewards differ."""
+    out = []
     for rewards, result in zip(truth, results):
         if not result["ok"] or len(set(rewards)) < 2:
             continue
         rho = spearman(rewards, result["scores"])
-        rhos.append(0.0 if rho is None else rho)  # a judge that gives all the same score ranks nothing
         a, p = pairwise(rewards, result["scores"])
-        agree, pairs = agree + a, pairs + p
+        out.append((0.0 if rho is None else rho, a, p))  # a judge that gives all the same score ranks nothing
+    return out
+
+
+def bootstrap(rows: list[tuple[float, float, int]], draws: int = 2000, seed: int = 0) -> dict[str, list[float] | None]:
+    """95% percentile intervals of mean Spearman and pairwise accuracy, groups resampled with replacement."""
+    if len(rows) < 2:
+        return {"mean_spearman_95": None, "pairwise_accuracy_95": None}
+    rng = random.Random(seed)
+    rhos, accs = [], []
+    for _ in range(draws):
+        sample = [rows[rng.randrange(len(rows))] for _ in rows]
+        rhos.append(statistics.fmean(r for r, _, _ in sample))
+        pairs = sum(p for _, _, p in sample)
+        if pairs:
+            accs.append(sum(a for _, a, _ in sample) / pairs)
+
+    def interval(values: list[float]) -> list[float]:
+        values = sorted(values)
+        return [values[int(0.025 * len(values))], values[min(len(values) - 1, int(0.975 * len(values)))]]
+
+    return {"mean_spearman_95": interval(rhos), "pairwise_accuracy_95": interval(accs) if accs else None}
+
+
+def summarize(truth: list[list[float]], results: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in results if r["ok"]]
+    rows = compared(truth, results)
+    rhos = [r for r, _, _ in rows]
+    agree, pairs = sum(a for _, a, _ in rows), sum(p for _, _, p in rows)
     return {
         "groups": len(results),
         "well_formed": len(ok),
@@ -130,6 +161,8 @@ def summarize(truth: list[list[float]], results: list[dict[str, Any]]) -> dict[s
         "mean_spearman": statistics.fmean(rhos) if rhos else None,
         "pairwise_accuracy": agree / pairs if pairs else None,
         "pairs": pairs,
+        **bootstrap(rows),
+        "all_same_score": sum(1 for r in ok if len(set(r["scores"])) == 1),
         "median_seconds_per_group": statistics.median(r["seconds"] for r in results) if results else None,
     }
 
@@ -160,7 +193,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             if name not in args.variants:
                 continue
             started = time.perf_counter()
-            results = await judge_all(groups, judge, schema=schema, max_tokens=args.judge_max_tokens, concurrency=args.concurrency)
+            results = await judge_all(groups, judge, schema=schema, max_tokens=args.judge_max_tokens, concurrency=args.concurrency,
+                                     debug=args.debug)
             variants[name] = {**summarize(truth, results), "seconds": time.perf_counter() - started, "results": results}
         return {
             "args": vars(args),
@@ -174,6 +208,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await backend.close()
 
 
+def _interval(bounds: list[float] | None, spec: str) -> str:
+    return "" if not bounds else f" [{bounds[0]:{spec}}, {bounds[1]:{spec}}]"
+
+
+def rescore(path: Path) -> dict[str, Any]:
+    """Recompute every variant's summary from the raw results in ``path`` (no model needed)."""
+    outcome = json.loads(path.read_text())
+    for variant in outcome["variants"].values():
+        variant.update(summarize(outcome["rewards"], variant["results"]))
+    return outcome
+
+
 def table(result: dict[str, Any]) -> str:
     lines = [
         "| judge answer | well-formed groups (first try) | groups compared | mean Spearman ρ | pairwise accuracy (chance 0.5) | median s / group |",
@@ -183,8 +229,10 @@ def table(result: dict[str, Any]) -> str:
         if name not in result["variants"]:
             continue
         v = result["variants"][name]
-        rho = "–" if v["mean_spearman"] is None else f"{v['mean_spearman']:+.2f}"
-        acc = "–" if v["pairwise_accuracy"] is None else f"{v['pairwise_accuracy']:.2f} ({v['pairs']} pairs)"
+        rho = "–" if v["mean_spearman"] is None else f"{v['mean_spearman']:+.2f}" + _interval(v.get("mean_spearman_95"), "+.2f")
+        acc = "–" if v["pairwise_accuracy"] is None else (
+            f"{v['pairwise_accuracy']:.2f}" + _interval(v.get("pairwise_accuracy_95"), ".2f") + f" ({v['pairs']} pairs)"
+        )
         lines.append(
             f"| {label} | {v['well_formed']}/{v['groups']} ({v['well_formed_first_try']}) | {v['groups_compared']} | {rho} | {acc} | {v['median_seconds_per_group']:.1f} |"
         )
@@ -199,12 +247,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--judge-max-tokens", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--variants", type=lambda text: text.split(","), default=["schema", "text"], help="schema,text")
+    parser.add_argument("--debug", action="store_true", help="print each judge prompt and raw answer to stderr")
+    parser.add_argument("--rescore", type=Path, help="recompute the summaries of a saved result file, write it back, print the table")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "ruler_agreement.json")
     return parser.parse_args()
 
 
 if __name__ == "__main__":
     arguments = parse_args()
+    if arguments.rescore:
+        rescored = rescore(arguments.rescore)
+        arguments.rescore.write_text(json.dumps(rescored, indent=1, default=str))
+        print(table(rescored))
+        sys.exit(0)
     outcome = asyncio.run(main(arguments))
     arguments.out.write_text(json.dumps(outcome, indent=1, default=str))
     print(f"setup {outcome['setup_s']:.0f} s, rollouts {outcome['rollout_s']:.0f} s; "

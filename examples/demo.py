@@ -42,16 +42,20 @@ ADD_TOOL = {
 SYSTEM = "You are a calculator agent. You never compute in your head: you call the add tool, then you state the result."
 
 
-def worked_examples() -> list[dict]:
-    """Two solved tasks shown before the real one.
+WORKED_PAIRS = [(12, 30), (205, 118)]
+"""The additions solved in the worked examples (see :func:`worked_examples`)."""
+
+
+def worked_examples(pairs: list[tuple[int, int]] = WORKED_PAIRS) -> list[dict]:
+    """Solved tasks (call, result, answer) shown before the real one; two by default.
 
     Measured on the base model at T=1 (32 samples each): with no or one worked example it
     never writes a tool call, with two ~12% of replies are a correct call (greedy: none), with
     three ~50% (greedy: all).  Two leaves the task unsolved at the start but gives GRPO some
-    successes in most groups to learn from.
+    successes in most groups to learn from; ``examples/sft_then_rl.py`` passes three.
     """
     messages: list[dict] = []
-    for i, (a, b) in enumerate([(12, 30), (205, 118)]):
+    for i, (a, b) in enumerate(pairs):
         call = {"id": f"call_{i}", "type": "function", "function": {"name": "add", "arguments": json.dumps({"a": a, "b": b})}}
         messages += [
             {"role": "user", "content": f"What is {a} + {b}?"},

@@ -33,24 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import tracerl
-from demo import ADD_TOOL, SYSTEM, make_tasks, score_call
+from demo import ADD_TOOL, SYSTEM, make_tasks, score_call, worked_examples
 
 FEW_SHOT = [(12, 30), (205, 118), (431, 287)]
 """Three worked examples: the base model then writes a correct call in about half its T=1 samples."""
-
-
-def worked_examples(pairs: list[tuple[int, int]] = FEW_SHOT) -> list[dict[str, Any]]:
-    """Solved tasks as a conversation (call, result, answer), rendered like the demo's."""
-    messages: list[dict[str, Any]] = []
-    for i, (a, b) in enumerate(pairs):
-        call = {"id": f"call_{i}", "type": "function", "function": {"name": "add", "arguments": json.dumps({"a": a, "b": b})}}
-        messages += [
-            {"role": "user", "content": f"What is {a} + {b}?"},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call["id"], "content": str(a + b)},
-            {"role": "assistant", "content": f"The answer is {a + b}."},
-        ]
-    return messages
 
 
 def view(task: dict[str, int], examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -129,7 +115,7 @@ async def sft_then_rl(args: argparse.Namespace, backend: tracerl.LocalBackend, v
     await model.register(backend)
     check_fresh(model)
     started = time.monotonic()
-    few_shot = worked_examples()
+    few_shot = worked_examples(FEW_SHOT)
     points = [(0, await held_out(model, val))]
     teacher_reward = await held_out(model, val, few_shot)
     print(f"[sft->rl] base: held-out {points[0][1]:.3f} without worked examples, {teacher_reward:.3f} with them", flush=True)
@@ -166,7 +152,7 @@ async def distill(args: argparse.Namespace, backend: tracerl.LocalBackend, val: 
     await model.register(backend)
     check_fresh(model)
     started = time.monotonic()
-    teacher = tracerl.served_teacher(model, context=tracerl.with_worked_examples(worked_examples()), tokenizer=backend.tokenizer(model))
+    teacher = tracerl.served_teacher(model, context=tracerl.with_worked_examples(worked_examples(FEW_SHOT)), tokenizer=backend.tokenizer(model))
     points = [(0, await held_out(model, val))]
     per_step = args.groups_per_step * args.rollouts
     steps = max(1, round(budget / per_step))  # the nearest whole number of steps to the other arm's rollouts

@@ -12,6 +12,9 @@ runs the agent, judges it (RULER, or a check in code) and trains it.
 - ``train``: ``train_mcp_agent``, the recipe (discover → scenarios (given or generated) →
   gather groups → judge (RULER or any ``Judge``) → ``backend.train`` → ``model.log``),
   resumable; ``tracerl mcp-rl`` on the CLI.
+- ``checked``: the loop of a checked-answer example (tasks and answers in code, a shaped reward
+  for the right tool call, train, print held-out start → end, plot), shared by
+  ``examples/mcp_rl_calculator.py`` and ``examples/mcp_rl_time_checked.py``.
 
 Importing this package is light: the ``mcp`` SDK and LiteLLM load on first use.
 """

@@ -19,6 +19,7 @@ import pytest
 from capture_fake_server import FakeOpenAIServer, Reply
 from capture_helpers import assert_tokens_match_server, roles
 from mcp_http_server import McpHttpServer
+from mcp_rl_tiny_run import run_one_step
 from ruler_judge_server import JudgeServer, trajectories_in
 
 import tracerl
@@ -619,23 +620,4 @@ def test_calculator_example_runs_one_step_without_hosted_llms(tmp_path):
     """examples/mcp_rl_calculator.py on the real model, tiny: the calculator MCP server over stdio,
     given tasks, the verifiable judge; held-out eval at step 0, one GRPO step, a curve."""
     pytest.importorskip("torch")
-    import subprocess
-
-    args = [
-        sys.executable, str(EXAMPLES / "mcp_rl_calculator.py"), "--steps", "1", "--groups-per-step", "2", "--rollouts", "2",
-        "--val-tasks", "2", "--eval-every", "100", "--max-tokens", "32", "--inference", "transformers",
-        "--data", str(tmp_path / "data"), "--plot", str(tmp_path / "curve.png"), "--seed", "3",
-    ]  # fmt: skip
-    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    run = tmp_path / "data" / "mcp-rl" / "models" / "calculator-s3"
-    assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").exists()
-    rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
-    assert [(row["step"], "val/reward" in row) for row in rows] == [(0, True), (1, False)]
-    assert "train/reward" in rows[1] and "held-out reward: start" in out.stdout
-    trajectories = [json.loads(line) for line in (run / "trajectories" / "train" / "0001.jsonl").read_text().splitlines()]
-    assert len(trajectories) == 4
-    for t in trajectories:
-        assert t["metadata"]["judge"]["judge"] == "calculator" and 0.0 <= t["reward"] <= 1.0
-        assert t["metrics"]["capture_turns_with_token_ids"] >= 1 and {"tool_ok", "args_ok", "answer_ok"} <= set(t["metrics"])
-    assert (tmp_path / "curve.png").stat().st_size > 1000
+    run_one_step("mcp_rl_calculator.py", tmp_path, run_name="calculator", judge="calculator", extra=["--max-tokens", "32"])

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from capture_fake_server import FakeOpenAIServer, Reply
+from mcp_rl_tiny_run import run_one_step
 
 import tracerl
 import tracerl.integrations as ti
@@ -135,22 +136,5 @@ def test_the_example_imports_without_deprecation_warnings():
 def test_the_example_runs_one_step_on_the_real_model(tmp_path):
     """SmolLM2-135M (transformers server) on the real time server, tiny: held-out eval at step 0, one GRPO step, a curve."""
     pytest.importorskip("torch")
-    args = [
-        sys.executable, str(EXAMPLES / "mcp_rl_time_checked.py"), "--steps", "1", "--groups-per-step", "2", "--rollouts", "2",
-        "--val-tasks", "2", "--eval-every", "100", "--inference", "transformers",
-        "--data", str(tmp_path / "data"), "--plot", str(tmp_path / "curve.png"), "--seed", "3",
-    ]  # fmt: skip
-    out = subprocess.run(args, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    run = tmp_path / "data" / "mcp-rl" / "models" / "time-checked-s3"
-    assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").exists()
-    rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
-    assert [(row["step"], "val/reward" in row) for row in rows] == [(0, True), (1, False)]
-    assert "train/reward" in rows[1] and "held-out reward: start" in out.stdout
-    trajectories = [json.loads(line) for line in (run / "trajectories" / "train" / "0001.jsonl").read_text().splitlines()]
-    assert len(trajectories) == 4
-    for t in trajectories:
-        assert t["metadata"]["judge"]["judge"] == "time" and 0.0 <= t["reward"] <= 1.0
-        assert t["metrics"]["capture_turns_with_token_ids"] >= 1 and {"tool_ok", "args_ok", "answer_ok"} <= set(t["metrics"])
+    for t in run_one_step("mcp_rl_time_checked.py", tmp_path, run_name="time-checked", judge="time"):
         assert {tool["function"]["name"] for tool in t["tools"]} == {"get_current_time", "convert_time"}
-    assert (tmp_path / "curve.png").stat().st_size > 1000

