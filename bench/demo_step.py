@@ -7,7 +7,8 @@ same seed, so they see the same tasks and the same per-rollout sampling seeds:
 - ``old``: vLLM serving the policy as a LoRA (``LocalBackend(inference="vllm")``), the demo's
   configuration until 2026-12-01.
 - ``new``: the demo's configuration now, vLLM serving the merged policy, reloaded in place
-  after each step (``LocalBackend(inference="vllm", serve_merged=True)``).
+  after each step (``LocalBackend(inference="vllm", serve_merged=True)``), the trainer with
+  gradient checkpointing and vLLM with a 512 MiB KV cache (the old side: none, 2 GiB).
 
 The sides run back to back (``--order``, default old then new), each from a fresh run
 directory: register (timed as set-up: vLLM start-up, trainer load), the step-0 held-out eval
@@ -23,8 +24,10 @@ the step's useful FLOPs over its wall time, against the ceiling's best fp32 matm
 useful FLOPs = 2·P·(sampled tokens) for the rollouts (decode only; the prompts' prefill is
 left out, most of it is a cached shared prefix) + 6·P·(forward tokens) for training
 (forward + backward of the packed rows; the activation-checkpoint recompute is not counted),
-P = 134.5M parameters.  Peak RSS: the summed RSS of this process and its children (vLLM's
-processes) during the side.
+P = 134.5M parameters.  Memory: the peak of the summed PSS of this process and its children
+(vLLM's processes) during the side, sampled every 0.2 s (each shared page split between the
+processes that map it: what the machine holds for the tree), and the summed RSS (shared pages
+counted once per process: an upper bound).
 
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/demo_step.py [--steps 4] [--json bench/demo_step.json]
     .venv/bin/python bench/demo_step.py --table-only bench/demo_step.json
@@ -50,8 +53,11 @@ sys.path.insert(0, str(BENCH))
 
 PARAMETERS = 134.5e6
 SIDES = {
-    "old": {"serving": "lora", "label": "old: vLLM serves the LoRA"},
-    "new": {"serving": "merged", "label": "new: vLLM serves the merged policy"},
+    "old": {
+        "argv": ["--serving", "lora", "--no-gradient-checkpointing", "--kv-cache-mib", "2048"],
+        "label": "old: vLLM serves the LoRA",
+    },
+    "new": {"argv": ["--serving", "merged"], "label": "new: merged policy, checkpointed, 512 MiB KV (the demo now)"},
 }
 SPLIT = ("rollout_seconds", "train_seconds", "save_seconds", "hot_load_seconds")
 
@@ -65,9 +71,9 @@ def load_demo() -> Any:
     return module
 
 
-def demo_args(demo: Any, seed: int, steps: int, serving: str, data: Path) -> argparse.Namespace:
-    """The demo's defaults (its own parser), with this side's serving and run directory."""
-    argv = ["--seed", str(seed), "--steps", str(steps), "--inference", "vllm", "--serving", serving, "--data", str(data)]
+def demo_args(demo: Any, seed: int, steps: int, side_argv: list[str], data: Path) -> argparse.Namespace:
+    """The demo's defaults (its own parser), with this side's flags and run directory."""
+    argv = ["--seed", str(seed), "--steps", str(steps), "--inference", "vllm", *side_argv, "--data", str(data)]
     saved = sys.argv
     try:
         sys.argv = ["demo.py", *argv]
@@ -111,12 +117,12 @@ async def run_side(name: str, args: argparse.Namespace, data: Path) -> dict[str,
 
     demo = load_demo()
     ceiling = measure_ceiling()
-    dargs = demo_args(demo, args.seed, args.steps, SIDES[name]["serving"], data)
+    dargs = demo_args(demo, args.seed, args.steps, SIDES[name]["argv"], data)
     model = demo.make_model(dargs, name=f"calculator-{name}-s{args.seed}")
     backend = demo.make_backend(dargs)
     assert backend.serve_merged == (name == "new"), backend.serve_merged
     record: dict[str, Any] = {"side": name, "label": SIDES[name]["label"], "ceiling_before": ceiling, "steps": []}
-    with TreeRSS(os.getpid()) as rss:
+    with TreeRSS(os.getpid(), pss=True) as rss:
         started = time.monotonic()
         await model.register(backend)
         record["setup_seconds"] = time.monotonic() - started
@@ -156,6 +162,7 @@ async def run_side(name: str, args: argparse.Namespace, data: Path) -> dict[str,
         finally:
             await backend.close()
     record["peak_tree_rss_mb"] = rss.peak / 2**20
+    record["peak_tree_pss_mb"] = rss.pss_peak / 2**20
     return record
 
 
@@ -182,18 +189,19 @@ def table(result: dict[str, Any]) -> str:
 
     lines = [
         "| side | s/step (median) | min–max | rollouts | train | save | hot-load | set-up | step-0 eval | "
-        "GFLOP/s | % of ceiling | train reward per step | min prob corr | peak RSS of tree (MB) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "GFLOP/s | % of ceiling | train reward per step | min prob corr | peak PSS of tree (MB) | peak summed RSS (MB) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     summaries = {}
     for record in result["sides"]:
         s = summaries[record["side"]] = summarize(record, record["ceiling_before"])
         corr = f"{s['min_corr']:.10f}" if s["min_corr"] is not None else "–"
+        pss = f"{record['peak_tree_pss_mb']:.0f}" if "peak_tree_pss_mb" in record else "–"  # older runs: RSS only
         lines.append(
             f"| {record['label']} | {s['median_wall']:.1f} | {s['min_wall']:.1f}–{s['max_wall']:.1f} | "
             f"{s['rollout_seconds']:.1f} | {s['train_seconds']:.1f} | {s['save_seconds']:.2f} | {s['hot_load_seconds']:.2f} | "
             f"{record['setup_seconds']:.0f} | {record['eval_seconds']:.1f} | {s['gflops']:.1f} | {s['percent_of_ceiling']:.1f}% | "
-            f"{', '.join(f'{r:.3f}' for r in s['rewards'])} | {corr} | {record['peak_tree_rss_mb']:.0f} |"
+            f"{', '.join(f'{r:.3f}' for r in s['rewards'])} | {corr} | {pss} | {record['peak_tree_rss_mb']:.0f} |"
         )
     if "old" in summaries and "new" in summaries:
         ratio = summaries["new"]["median_wall"] / summaries["old"]["median_wall"]

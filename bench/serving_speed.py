@@ -95,28 +95,41 @@ def make_merged(model_path: Path, adapter: Path, target: Path) -> None:
 
 # --- process-tree memory ---------------------------------------------------------------
 class TreeRSS:
-    """Peak of the summed RSS of a process and all its descendants, sampled on a thread."""
+    """Peak of the summed RSS of a process and all its descendants, sampled on a thread.
 
-    def __init__(self, pid: int) -> None:
+    ``peak`` sums RSS, so pages the processes share (libraries, vLLM's forked workers) count
+    once per process: an upper bound.  ``pss_peak`` sums PSS (each shared page split between
+    the processes that map it): the tree's own memory, what the machine must hold for it.
+    """
+
+    def __init__(self, pid: int, *, pss: bool = False) -> None:
         self.pid = pid
         self.peak = 0
+        self.pss_peak = 0
+        self.pss = pss
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sample(self) -> int:
         import psutil
 
+        total = pss = 0
         try:
             root = psutil.Process(self.pid)
-            total = root.memory_info().rss
-            for child in root.children(recursive=True):
+            for process in [root, *root.children(recursive=True)]:
                 try:
-                    total += child.memory_info().rss
+                    if self.pss:  # reads /proc/PID/smaps_rollup: ~1 ms a process
+                        info = process.memory_full_info()
+                        pss += info.pss
+                    else:
+                        info = process.memory_info()
+                    total += info.rss
                 except psutil.Error:
                     pass
         except psutil.Error:
             return 0
         self.peak = max(self.peak, total)
+        self.pss_peak = max(self.pss_peak, pss)
         return total
 
     def __enter__(self) -> "TreeRSS":

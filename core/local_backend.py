@@ -84,7 +84,7 @@ class LocalBackend:
         (gloo on CPU, nccl on CUDA; ``tracerl.cluster.data_parallel``), one process's step to float tolerance.
 
         ``gradient_checkpointing=True`` recomputes activations in backward: about half the
-        trainer's peak memory for ~35% more step time (:class:`~tracerl.trainer.LoRATrainer`;
+        trainer's peak memory for up to ~35% more step time (:class:`~tracerl.trainer.LoRATrainer`;
         one process only for now).
         """
         if inference not in (None, "auto", "vllm", "transformers"):
