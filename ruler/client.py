@@ -51,6 +51,9 @@ class JudgeTarget:
     (vLLM's xgrammar/outlines) enforces ``maxLength``, so a small judge's answer always closes
     before ``max_tokens`` instead of being cut off mid-explanation.  None for hosted providers,
     whose strict modes may refuse string-length keywords."""
+    positional_ids: bool = False
+    """Whether the schema pins entry k to the k-th id (``prefixItems``), for self-hosted endpoints
+    (see :func:`tracerl.ruler.parse.response_format`); hosted providers get the ``enum`` form."""
     timeout: float | None = DEFAULT_JUDGE_TIMEOUT
     """Seconds per call (LiteLLM's ``timeout``); kept out of ``params`` so that cache keys ignore it."""
 
@@ -104,7 +107,9 @@ def resolve_judge(judge_model: Any, extra_litellm_params: dict[str, Any] | None 
     timeout = check_timeout(params.pop("timeout", DEFAULT_JUDGE_TIMEOUT), "the judge's timeout")
     structured = endpoint or _supports_schema(params["model"])
     bound = EXPLANATION_CHARS if endpoint else None
-    return JudgeTarget(label=label, params=params, structured=structured, max_explanation_chars=bound, timeout=timeout)
+    return JudgeTarget(
+        label=label, params=params, structured=structured, max_explanation_chars=bound, positional_ids=endpoint, timeout=timeout
+    )
 
 
 def _supports_schema(model: str) -> bool:

@@ -140,11 +140,13 @@ async def _judge_once(
     shape: dict[str, Any] = {"structured": target.structured}
     if target.max_explanation_chars is not None:  # another schema, another answer (hosted judges' keys unchanged)
         shape["max_explanation_chars"] = target.max_explanation_chars
+    if target.positional_ids:
+        shape["positional_ids"] = True
     key = cache_key(target.label, messages, {**target.params, **shape}, occurrence)
     if cache is not None and (hit := _from_cache(cache.get(key), ids)) is not None:
         stats.cache_hits += 1
         return hit
-    schema = response_format(ids, target.max_explanation_chars)
+    schema = response_format(ids, target.max_explanation_chars, target.positional_ids)
     first = await _call(target, messages, schema, stats, group)
     if debug:
         prompt = messages[-1]["content"]

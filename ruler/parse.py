@@ -27,25 +27,38 @@ class ParsedScore:
     explanation: str
 
 
-def response_format(ids: Sequence[str], max_explanation_chars: int | None = None) -> dict[str, Any]:
+def response_format(ids: Sequence[str], max_explanation_chars: int | None = None, positional: bool = False) -> dict[str, Any]:
     """OpenAI-style structured-output request for exactly ``len(ids)`` scores (explanations at most
-    ``max_explanation_chars`` long when given)."""
+    ``max_explanation_chars`` long when given).
+
+    ``positional``: entry k must carry the k-th id (JSON Schema's ``prefixItems``), so guided
+    decoding cannot repeat one id and leave another out — a 135M judge did both under the plain
+    ``enum``.  For self-hosted endpoints (vLLM's xgrammar enforces ``prefixItems``); hosted
+    providers' strict modes may refuse the keyword, so they get the ``enum`` form."""
     explanation: dict[str, Any] = {"type": "string"}
     if max_explanation_chars is not None:
         explanation["maxLength"] = max_explanation_chars
-    entry = {
-        "type": "object",
-        "properties": {
-            "trajectory_id": {"type": "string", "enum": list(ids)},
-            "explanation": explanation,
-            "score": {"type": "number", "minimum": 0, "maximum": 1},
-        },
-        "required": ["trajectory_id", "explanation", "score"],
-        "additionalProperties": False,
-    }
+
+    def entry(allowed: list[str]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {
+                "trajectory_id": {"type": "string", "enum": allowed},
+                "explanation": explanation,
+                "score": {"type": "number", "minimum": 0, "maximum": 1},
+            },
+            "required": ["trajectory_id", "explanation", "score"],
+            "additionalProperties": False,
+        }
+
+    scores: dict[str, Any] = {"type": "array", "minItems": len(ids), "maxItems": len(ids)}
+    if positional:
+        scores.update(prefixItems=[entry([i]) for i in ids], items=False)
+    else:
+        scores["items"] = entry(list(ids))
     schema = {
         "type": "object",
-        "properties": {"scores": {"type": "array", "items": entry, "minItems": len(ids), "maxItems": len(ids)}},
+        "properties": {"scores": scores},
         "required": ["scores"],
         "additionalProperties": False,
     }

@@ -226,8 +226,12 @@ async def test_scores_come_back_to_the_right_trajectories(cache_dir):
         assert request["model"] == "scripted-judge"
         scores_schema = request["response_format"]["json_schema"]["schema"]["properties"]["scores"]
         assert scores_schema["maxItems"] == 3
-        # a self-hosted endpoint's guided decoding enforces it: a small judge's answer always closes
-        assert scores_schema["items"]["properties"]["explanation"]["maxLength"] == EXPLANATION_CHARS
+        # a self-hosted endpoint's guided decoding enforces both: a small judge's answer always closes,
+        # and entry k carries id k (no id repeated, none left out)
+        entries = scores_schema["prefixItems"]
+        assert [e["properties"]["trajectory_id"]["enum"] for e in entries] == [["1"], ["2"], ["3"]]
+        assert scores_schema["items"] is False
+        assert all(e["properties"]["explanation"]["maxLength"] == EXPLANATION_CHARS for e in entries)
         assert request["messages"][0]["role"] == "system" and "0 and 1" in request["messages"][0]["content"]
     assert scores.metrics["ruler_judge_requests"] == 1
     assert scores.metrics["ruler_judge_prompt_tokens"] == 100 and scores.metrics["ruler_judge_completion_tokens"] == 20
@@ -533,3 +537,5 @@ def test_hosted_judges_get_no_explanation_bound():
     assert resolve_judge("openai/gpt-4.1-mini").max_explanation_chars is None
     assert resolve_judge(JudgeEndpoint("http://127.0.0.1:1/v1", "m")).max_explanation_chars == EXPLANATION_CHARS
     assert "maxLength" not in response_format(["1", "2"])["json_schema"]["schema"]["properties"]["scores"]["items"]["properties"]["explanation"]
+    assert resolve_judge("openai/gpt-4.1-mini").positional_ids is False  # prefixItems: self-hosted only
+    assert resolve_judge(JudgeEndpoint("http://127.0.0.1:1/v1", "m")).positional_ids is True

@@ -51,3 +51,39 @@ def test_the_installed_vllm_accepts_the_flag() -> None:
     done = subprocess.run([str(python), "-c", script, *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == COMPACT_STRUCTURED_OUTPUTS
+
+
+def test_the_installed_grammar_engine_holds_a_small_judge_to_ruler_s_schema() -> None:
+    """RULER's schema for a self-hosted judge, compiled by the runtime's xgrammar the way vLLM does
+    with tracerl's flag: the right answer passes; the answers a 135M judge gave without it (free
+    whitespace, one id twice and one missing, an explanation past the bound) cannot be decoded."""
+    python = vllm_python()
+    if python is None:
+        pytest.skip("the vLLM runtime venv is not installed")
+    from tracerl.ruler.client import EXPLANATION_CHARS
+    from tracerl.ruler.parse import response_format
+
+    schema = response_format(["1", "2", "3"], EXPLANATION_CHARS, positional=True)["json_schema"]["schema"]
+    good = {"scores": [{"trajectory_id": i, "explanation": "fine", "score": 0.5} for i in ("1", "2", "3")]}
+    duplicate = {"scores": [{**good["scores"][0]}, {**good["scores"][0]}, good["scores"][1]]}
+    long = {"scores": [{**good["scores"][0], "explanation": "x" * (EXPLANATION_CHARS + 1)}, *good["scores"][1:]]}
+    compact = {"separators": (",", ":")}
+    answers = {
+        "good": json.dumps(good, **compact), "spaced": json.dumps(good, indent=2), "duplicate": json.dumps(duplicate, **compact),
+        "long": json.dumps(long, **compact),
+    }  # fmt: skip
+    script = (
+        "import json, sys\n"
+        "import xgrammar\n"
+        "from xgrammar.testing import _is_grammar_accept_string\n"
+        "schema, answers, config = json.loads(sys.stdin.read())\n"
+        "separators = (',', ':') if config['disable_any_whitespace'] else None\n"  # as vLLM's xgrammar backend does
+        "grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=not config['disable_any_whitespace'], separators=separators)\n"
+        "print(json.dumps({name: _is_grammar_accept_string(grammar, text) for name, text in answers.items()}))\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", script], input=json.dumps([schema, answers, COMPACT_STRUCTURED_OUTPUTS]),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"good": True, "spaced": False, "duplicate": False, "long": False}
