@@ -297,6 +297,7 @@ class Worker:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """Load the sides one by one, then drive them in rotated rounds; with ``--json``, save after every round."""
     from ceiling import describe, measure_ceiling
     from serving_speed import TreeRSS
 
@@ -305,58 +306,68 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown side(s) {sorted(unknown)}; known: {SIDES}")
     log_dir = Path(tempfile.mkdtemp(prefix="tracerl-grpo-step-"))
-    workers, monitors, info = {}, {}, {}
-    try:
-        for side in sides:  # one at a time, so loads do not compete
-            print(f"loading {side} ...", flush=True)
-            workers[side] = Worker(side, argv, log_dir)
-            monitors[side] = TreeRSS(workers[side].process.pid).__enter__()
-            info[side] = workers[side].read("READY")
-        ceiling_before = measure_ceiling()
-        print(describe(ceiling_before), flush=True)
-        loads = []
-        for round_index in range(args.warmup + args.steps):
-            loads.append(list(os.getloadavg()))
-            shift = round_index % len(sides)
-            for side in sides[shift:] + sides[:shift]:
-                workers[side].send("step")
-                m = workers[side].read("STEP")
-                tag = "warm-up" if round_index < args.warmup else f"step {round_index - args.warmup + 1}"
-                print(
-                    f"  {tag:<8} {side:<17} {m['seconds']:7.2f} s  cpu {m['cpu_seconds']:6.1f} s  idle RSS {m['rss_idle_mb']:5.0f} MB"
-                    f"  (load {os.getloadavg()[0]:.2f})",
-                    flush=True,
-                )
-        ceiling_after = measure_ceiling()
-        print(describe(ceiling_after), flush=True)
-        results = {}
-        for side in sides:
-            workers[side].send("end")
-            results[side] = workers[side].read("RESULT")
-            workers[side].process.wait(120)
-            monitors[side].__exit__(None, None, None)
-            results[side]["tree_peak_rss_mb"] = monitors[side].peak / 2**20
-    finally:
-        for w in workers.values():
-            if w.process.poll() is None:
-                w.process.kill()
-                w.process.wait()
-    for r in results.values():
-        r["warmup_steps"], r["timed_steps"] = r["steps"][: args.warmup], r["steps"][args.warmup :]
-        r["times"] = [s["seconds"] for s in r["timed_steps"]]
-        del r["steps"]
-    return {
+    workers: dict[str, Worker] = {}
+    monitors: dict[str, Any] = {}
+    results: dict[str, dict[str, Any]] = {}
+    result: dict[str, Any] = {
         "script": "bench/grpo_step.py",
         "argv": argv,
         "args": {k: v for k, v in vars(args).items() if k not in ("worker", "table_only")},
         "logical_tokens": args.sequences * (args.prompt_tokens + args.completion_tokens),
         "trained_tokens": args.sequences * args.completion_tokens,
-        "ceiling_before": ceiling_before,
-        "ceiling_after": ceiling_after,
-        "load_average_per_round": loads,
         "order": "round r runs the sides rotated left by r",
+        "complete": False,
+        "load_average_per_round": [],
         "results": results,
     }
+
+    def save() -> None:
+        for side, r in results.items():
+            monitors[side].sample()
+            r["tree_peak_rss_mb"] = monitors[side].peak / 2**20
+            r["times"] = [x["seconds"] for x in r["timed_steps"]]
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+    try:
+        for side in sides:  # one at a time, so loads do not compete
+            print(f"loading {side} ...", flush=True)
+            workers[side] = Worker(side, argv, log_dir)
+            monitors[side] = TreeRSS(workers[side].process.pid).__enter__()
+            results[side] = {**workers[side].read("READY"), "warmup_steps": [], "timed_steps": []}
+        result["ceiling_before"] = measure_ceiling()
+        print(describe(result["ceiling_before"]), flush=True)
+        for round_index in range(args.warmup + args.steps):
+            result["load_average_per_round"].append(list(os.getloadavg()))
+            shift = round_index % len(sides)
+            for side in sides[shift:] + sides[:shift]:
+                workers[side].send("step")
+                m = workers[side].read("STEP")
+                warm = round_index < args.warmup
+                results[side]["warmup_steps" if warm else "timed_steps"].append(m)
+                tag = "warm-up" if warm else f"step {round_index - args.warmup + 1}"
+                print(
+                    f"  {tag:<8} {side:<17} {m['seconds']:7.2f} s  cpu {m['cpu_seconds']:6.1f} s  idle RSS {m['rss_idle_mb']:5.0f} MB"
+                    f"  (load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
+            if round_index >= args.warmup:
+                save()
+        result["ceiling_after"] = measure_ceiling()
+        print(describe(result["ceiling_after"]), flush=True)
+        for side in sides:
+            workers[side].send("end")
+            results[side]["ru_maxrss_mb"] = workers[side].read("RESULT")["ru_maxrss_mb"]
+            workers[side].process.wait(120)
+            monitors[side].__exit__(None, None, None)
+        result["complete"] = True
+        save()
+    finally:
+        for w in workers.values():
+            if w.process.poll() is None:
+                w.process.kill()
+                w.process.wait()
+    return result
 
 
 def table(result: dict[str, Any]) -> str:
@@ -369,7 +380,8 @@ def table(result: dict[str, Any]) -> str:
         f"batch: {a['sequences']} sequences x ({a['prompt_tokens']} prompt + {a['completion_tokens']} completion) tokens "
         f"= {logical} logical tokens, {result['trained_tokens']} trained; LoRA r={a['r']} alpha={a['alpha']}, fp32, CPU; "
         f"median and min–max of {a['steps']} steps per side after {a['warmup']} warm-up, sides alternated; "
-        f"ceiling {ceiling:.1f} GFLOP/s before the rounds, {result['ceiling_after']['matmul_gflops']:.1f} after",
+        f"ceiling {ceiling:.1f} GFLOP/s before the rounds, "
+        + (f"{result['ceiling_after']['matmul_gflops']:.1f} after" if "ceiling_after" in result else "(run incomplete)"),
         "",
         "| side | micro-batches × rows | computed / logical tokens | s/step (median) | min–max | logical tokens/s | computed tokens/s "
         "| GFLOP/s (6·P·computed) | % of matmul ceiling | peak RSS of process tree (MB) | vs tracerl, same batch: s/step | peak RSS |",
@@ -379,12 +391,12 @@ def table(result: dict[str, Any]) -> str:
         med = medians[side]
         computed = r["computed_tokens"]
         gflops = 6 * r["base_parameters"] * computed / med / 1e9
-        peak = max(r["tree_peak_rss_mb"], r["ru_maxrss_mb"])
+        peak = max(r["tree_peak_rss_mb"], r.get("ru_maxrss_mb", 0.0))
         shape = f"{r['micro_batches']} × {r.get('rows_per_micro_batch', '–')}" if "rows_per_micro_batch" in r else f"{r['micro_batches']} packed"
         ratios = []
         for ref in ("tracerl-distinct", "tracerl-shared"):
             if side.startswith("trl") and ref in results:
-                rp = max(results[ref]["tree_peak_rss_mb"], results[ref]["ru_maxrss_mb"])
+                rp = max(results[ref]["tree_peak_rss_mb"], results[ref].get("ru_maxrss_mb", 0.0))
                 ratios.append((ref.split("-")[1], med / medians[ref], peak / rp))
         rt = ", ".join(f"{x:.2f}× ({n})" for n, x, _ in ratios) or "–"
         rm = ", ".join(f"{y:.2f}× ({n})" for n, _, y in ratios) or "–"
@@ -393,6 +405,15 @@ def table(result: dict[str, Any]) -> str:
             f"| {logical / med:.0f} | {computed / med:.0f} | {gflops:.1f} | {100 * gflops / ceiling:.1f}% | {peak:.0f} | {rt} | {rm} |"
         )
     return "\n".join(lines)
+
+
+def local_backend_budget() -> int:
+    """``LocalBackend``'s own ``micro_batch_tokens`` default: the budget the trainer really packs with."""
+    import inspect
+
+    from tracerl.local_backend import LocalBackend
+
+    return int(inspect.signature(LocalBackend.__init__).parameters["micro_batch_tokens"].default)
 
 
 def main() -> None:
@@ -405,7 +426,7 @@ def main() -> None:
     p.add_argument("--alpha", type=int, default=16)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--micro-batch-tokens", type=int, default=4096, help="tracerl packing budget (LocalBackend's default)")
+    p.add_argument("--micro-batch-tokens", type=int, default=local_backend_budget(), help="tracerl packing budget (default: LocalBackend's)")
     p.add_argument("--trl-gc-batch", type=int, default=16, help="TRL rows per micro-batch with gradient checkpointing")
     p.add_argument("--trl-nogc-batch", type=int, default=4, help="TRL rows per micro-batch without it (accumulated)")
     p.add_argument("--sides", default=",".join(SIDES))
@@ -420,9 +441,7 @@ def main() -> None:
     if args.table_only:
         print(table(json.loads(Path(args.table_only).read_text())))
         return
-    result = run(args, [a for a in argv])
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    result = run(args, argv)
     print()
     print(table(result))
 
