@@ -12,11 +12,12 @@ q/k/v/o/gate/up/down, dropout 0; CISPO-style loss, grad-norm clip 0.1, AdamW, lr
   apart), so it computes ``prompt + sequences x completion`` positions.
 * ``tracerl-distinct``: the equal-work batch, every row its own random prompt: tracerl
   computes every position, like TRL.
-* ``trl-gc``: TRL 1.16 ``GRPOTrainer`` with its own default, gradient checkpointing ON, the
-  group in ``--trl-gc-batch`` rows per micro-batch.
+* ``trl-gc``: TRL 1.16 ``GRPOTrainer`` with its own defaults: gradient checkpointing ON and
+  ``--trl-gc-batch`` (TRL's default ``per_device_train_batch_size``, 8) rows per micro-batch.
 * ``trl-nogc``: the same with gradient checkpointing OFF (TRL's fastest setting) and
-  ``--trl-nogc-batch`` rows per micro-batch with gradient accumulation over the group (all 16
-  rows in one batch peak at ~20 GB on this 23 GiB machine; 4 rows give the same gradient).
+  ``--trl-nogc-batch`` (4) rows per micro-batch, gradient accumulation over the group: 16
+  rows in one batch without checkpointing peaked at ~20 GB on this 23 GiB machine, and
+  accumulation gives the same gradient (TRL's loss is normalised over the whole group).
 
 TRL computes every row's prompt whatever it contains, so both TRL sides are fed the GRPO
 batch; their figures hold for the distinct batch too (same shapes, same work).
@@ -45,7 +46,7 @@ computed position; attention's quadratic term, the checkpoint recompute and LoRA
 matmuls are not counted.  "Computed tokens" are the positions the model runs (padding
 included); "logical tokens" are the batch's ``sequences x (prompt + completion)``.
 
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/grpo_step.py --sequences 16 --prompt-tokens 300 --completion-tokens 40 --steps 5 --json bench/grpo_step.json
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/grpo_step.py --sequences 8 --prompt-tokens 300 --completion-tokens 40 --steps 5 --warmup 1 --json bench/grpo_step.json
     .venv/bin/python bench/grpo_step.py --table-only bench/grpo_step.json
 """
 
@@ -419,7 +420,7 @@ def local_backend_budget() -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--sequences", type=int, default=16)
+    p.add_argument("--sequences", type=int, default=8, help="rows: one of the demo's groups (8 rollouts)")
     p.add_argument("--prompt-tokens", type=int, default=300)
     p.add_argument("--completion-tokens", type=int, default=40)
     p.add_argument("--r", type=int, default=8)
@@ -427,7 +428,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--micro-batch-tokens", type=int, default=local_backend_budget(), help="tracerl packing budget (default: LocalBackend's)")
-    p.add_argument("--trl-gc-batch", type=int, default=16, help="TRL rows per micro-batch with gradient checkpointing")
+    p.add_argument("--trl-gc-batch", type=int, default=8, help="TRL rows per micro-batch with gradient checkpointing (TRL's default 8)")
     p.add_argument("--trl-nogc-batch", type=int, default=4, help="TRL rows per micro-batch without it (accumulated)")
     p.add_argument("--sides", default=",".join(SIDES))
     p.add_argument("--json", default=None, help="also write the raw results here")
