@@ -46,7 +46,7 @@ computed position; attention's quadratic term, the checkpoint recompute and LoRA
 matmuls are not counted.  "Computed tokens" are the positions the model runs (padding
 included); "logical tokens" are the batch's ``sequences x (prompt + completion)``.
 
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/grpo_step.py --sequences 8 --prompt-tokens 300 --completion-tokens 40 --steps 5 --warmup 1 --json bench/grpo_step.json
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/grpo_step.py --sequences 16 --prompt-tokens 300 --completion-tokens 40 --steps 5 --warmup 1 --json bench/grpo_step.json
     .venv/bin/python bench/grpo_step.py --table-only bench/grpo_step.json
 """
 
@@ -226,7 +226,7 @@ def build_trl(args: argparse.Namespace, model_path: str, checkpointing: bool, ou
         "micro_batches": accumulation,
         "rows_per_micro_batch": rows,
         "gradient_checkpointing": bool(trainer.args.activation_checkpointing),
-        "checkpointing_active": bool(getattr(base, "is_gradient_checkpointing", False)),
+        "checkpointing_active": bool(base.is_activation_checkpointing),
         "base_parameters": sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
         "trainable_params": sum(p.numel() for p in params),
         "optimizer": type(optimizer).__name__,
@@ -420,7 +420,7 @@ def local_backend_budget() -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--sequences", type=int, default=8, help="rows: one of the demo's groups (8 rollouts)")
+    p.add_argument("--sequences", type=int, default=16, help="rows (the demo's step: 16 rollouts)")
     p.add_argument("--prompt-tokens", type=int, default=300)
     p.add_argument("--completion-tokens", type=int, default=40)
     p.add_argument("--r", type=int, default=8)

@@ -28,7 +28,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "ceiling": ["--json", "{raw}/ceiling_only.json"],
     "serving_speed": ["--json", "{raw}/serving_speed_results.json"],
     "rollout_throughput": ["--repeats", "4", "--json", "{raw}/rollout_throughput_results.json"],
-    "grpo_step": ["--sequences", "8", "--prompt-tokens", "300", "--completion-tokens", "40", "--steps", "5",
+    "grpo_step": ["--sequences", "16", "--prompt-tokens", "300", "--completion-tokens", "40", "--steps", "5",
                   "--warmup", "1", "--json", "{raw}/grpo_step_results.json"],
     "time_to_reward": ["--max-minutes", "5", "--target", "0.5", "--eval-every", "3", "--groups-per-step", "2",
                        "--results", "{raw}/time_to_reward_results.json"],
