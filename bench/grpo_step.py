@@ -385,7 +385,7 @@ def table(result: dict[str, Any]) -> str:
         + (f"{result['ceiling_after']['matmul_gflops']:.1f} after" if "ceiling_after" in result else "(run incomplete)"),
         "",
         "| side | micro-batches × rows | computed / logical tokens | s/step (median) | min–max | logical tokens/s | computed tokens/s "
-        "| GFLOP/s (6·P·computed) | % of matmul ceiling | peak RSS of process tree (MB) | vs tracerl, same batch: s/step | peak RSS |",
+        "| GFLOP/s (6·P·computed) | % of matmul ceiling | peak RSS of process tree (MB) | TRL ÷ tracerl: s/step | TRL ÷ tracerl: peak RSS |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for side, r in results.items():
@@ -398,7 +398,7 @@ def table(result: dict[str, Any]) -> str:
         for ref in ("tracerl-distinct", "tracerl-shared"):
             if side.startswith("trl") and ref in results:
                 rp = max(results[ref]["tree_peak_rss_mb"], results[ref].get("ru_maxrss_mb", 0.0))
-                ratios.append((ref.split("-")[1], med / medians[ref], peak / rp))
+                ratios.append(("equal work" if ref == "tracerl-distinct" else "GRPO batch", med / medians[ref], peak / rp))
         rt = ", ".join(f"{x:.2f}× ({n})" for n, x, _ in ratios) or "–"
         rm = ", ".join(f"{y:.2f}× ({n})" for n, _, y in ratios) or "–"
         lines.append(
