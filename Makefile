@@ -7,6 +7,7 @@ STAMP := $(VENV)/.tracerl-installed
 VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
 PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
 RAY_STAMP := $(VENV)/.tracerl-ray-installed
+BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
@@ -66,7 +67,12 @@ chaos: $(STAMP)
 
 # every benchmark script, each after a ceiling probe in the same invocation; raw output in bench/raw/
 # (long: well over an hour on 2 cores; run it on an otherwise idle machine)
-bench: install-vllm
+# TRL and datasets: the peers bench/grpo_step.py, sft_step.py and time_to_reward.py run beside tracerl
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: install-vllm $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
