@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import InferenceServerError, NoHealthyReplicaError
 from ..inference._http import OpenAIError, install_error_handlers
 from ..untraced import untraced_fastapi
-from .router import REPLICA_HEADER, UpstreamTimeout, _HOP_BY_HOP, group_key
+from .router import GROUP_HEADER, REPLICA_HEADER, UpstreamTimeout, _HOP_BY_HOP, group_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from .router import Router
@@ -28,13 +29,15 @@ def build_app(router: Router) -> Any:
 
     async def proxied(request: Request, path: str) -> Any:
         content = await request.body()
+        if request.headers.get(GROUP_HEADER):  # the key is in the header: the body goes on unparsed
+            key = group_key(request.headers, None)
+        else:
+            try:
+                key = group_key(request.headers, json.loads(content) if content else None)
+            except ValueError as error:
+                raise OpenAIError(f"the request body is not valid JSON: {error}") from error
         try:
-            body = json.loads(content) if content else None
-        except ValueError as error:
-            raise OpenAIError(f"the request body is not valid JSON: {error}") from error
-        try:
-            response, replica = await router.forward(request.method, path, request.headers, content,
-                                                     group_key(request.headers, body))
+            response, replica = await router.forward(request.method, path, request.headers, content, key)
         except NoHealthyReplicaError as error:
             raise OpenAIError(str(error), status=503, type="NoHealthyReplicaError") from error
         except UpstreamTimeout as error:
@@ -43,7 +46,15 @@ def build_app(router: Router) -> Any:
             raise OpenAIError(str(error), status=502, type="InferenceServerError") from error
         headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
         headers[REPLICA_HEADER] = replica.url
-        return StreamingResponse(router.relay(response, replica), status_code=response.status_code, headers=headers)
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return StreamingResponse(router.relay(response, replica), status_code=response.status_code, headers=headers)
+        # a whole JSON answer: one body with its length, not a chunked stream (less work on both sides)
+        try:
+            content = await router.read(response, replica)
+        except httpx.HTTPError as error:
+            raise OpenAIError(f"the replica {replica.url} dropped its answer: {type(error).__name__}", status=502,
+                              type="InferenceServerError") from error
+        return Response(content, status_code=response.status_code, headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:

@@ -29,11 +29,12 @@ import asyncio
 import hashlib
 import json
 import logging
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import httpx
 
 from ..errors import InferenceServerError, NoHealthyReplicaError
+from ..http_pool import ShardedTransport
 from ..timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
 from .pool import Replica, ReplicaPool
 
@@ -90,12 +91,21 @@ class Router:
         max_attempts: int = 2,
         max_imbalance: int = 32,
         api_key: str | None = None,
+        http: str = "auto",
+        event_loop: str = "auto",
     ) -> None:
         """``request_timeout``: seconds an upstream answer may take (None: no limit); ``max_attempts``:
         replicas tried per request; ``max_imbalance``: how much busier than the idlest replica a
         group's replica may be before a request of the group goes elsewhere; ``api_key``: the replicas'
         bearer key, sent on the router's own calls (``load_adapter``); clients' requests are
-        forwarded with their own ``Authorization`` header."""
+        forwarded with their own ``Authorization`` header; ``http``: uvicorn's HTTP parser (``auto``:
+        httptools when installed, else h11); ``event_loop`` (``start`` only, ``serve`` runs in the
+        caller's loop): ``auto`` is uvloop when installed, ``asyncio`` the standard loop.  Both fast
+        ones come with the ``ray`` extra and cut the router's CPU per request (bench/RESULTS.md)."""
+        if http not in ("auto", "h11", "httptools") or event_loop not in ("auto", "asyncio", "uvloop"):
+            raise InferenceServerError(f"http must be auto/h11/httptools and event_loop auto/asyncio/uvloop, got {http!r}, {event_loop!r}")
+        self.http = http
+        self.event_loop = event_loop
         self.pool = ReplicaPool(replicas, max_imbalance=max_imbalance)
         self.host = host
         self._port = port
@@ -121,7 +131,8 @@ class Router:
             return
         from ._app import build_app
 
-        self._http = BackgroundUvicorn(build_app(self), host=self.host, port=self._port, name="tracerl-router")
+        self._http = BackgroundUvicorn(build_app(self), host=self.host, port=self._port, name="tracerl-router",
+                                       loop_factory=loop_factory(self.event_loop), http=self.http)
         port = await asyncio.to_thread(self._http.start)
         self.base_url = f"http://{self.host}:{port}/v1"
         self._health_task = asyncio.run_coroutine_threadsafe(self._health_loop(), self._http.loop)
@@ -135,7 +146,8 @@ class Router:
 
         sock = free_socket(self.host, self._port)
         self.base_url = f"http://{self.host}:{sock.getsockname()[1]}/v1"
-        server = uvicorn.Server(uvicorn.Config(build_app(self), log_level="warning", lifespan="off", access_log=False))
+        server = uvicorn.Server(uvicorn.Config(build_app(self), log_level="warning", lifespan="off", access_log=False,
+                                               http=self.http))
         health = asyncio.create_task(self._health_loop())
         try:
             await server.serve(sockets=[sock])
@@ -170,13 +182,13 @@ class Router:
     def client(self, replica: Replica) -> httpx.AsyncClient:
         """``replica``'s HTTP client, created in the serving loop.
 
-        One pool per replica, not one for all: httpcore's pool does work proportional to its
-        connections on every request, so a single pool of 1,000 connections slows every call."""
+        One pool per replica, not one for all, and each of them sharded: httpcore's pool does work
+        proportional to its connections on every request (see :mod:`tracerl.http_pool`)."""
         client = self._clients.get(replica.url)
         if client is None:
             client = self._clients[replica.url] = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
+                transport=ShardedTransport(shards=8),
             )
         return client
 
@@ -231,6 +243,18 @@ class Router:
             await response.aclose()
             self.pool.release(replica, error=error)
 
+    async def read(self, response: httpx.Response, replica: Replica) -> bytes:
+        """The replica's whole answer (not a stream); a cut answer marks the replica as :meth:`relay` does."""
+        error = None
+        try:
+            return b"".join([chunk async for chunk in response.aiter_raw()])
+        except httpx.HTTPError as failure:
+            error = f"dropped mid-answer: {type(failure).__name__}"
+            raise
+        finally:
+            await response.aclose()
+            self.pool.release(replica, error=error)
+
     async def broadcast(self, path: str, content: bytes, headers: Any) -> list[tuple[str, int, bytes]]:
         """POST to every replica (adapter loading); one failure does not stop the others."""
         outgoing = {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
@@ -278,6 +302,17 @@ class Router:
             raise InferenceServerError(f"{route} failed on some replicas ({answer.status_code}): {answer.text[:2000]}")
 
 
+def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event-loop constructor for ``kind``: ``asyncio``, ``uvloop`` (must be installed) or ``auto``."""
+    from ..inference._http import fast_event_loop
+
+    if kind == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop if kind == "asyncio" else fast_event_loop
+
+
 async def _close_all(clients: list[httpx.AsyncClient]) -> None:
     """Close the upstream clients in the loop they were created in."""
     await asyncio.gather(*(client.aclose() for client in clients))
@@ -298,11 +333,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--request-timeout", type=float, default=DEFAULT_INFERENCE_TIMEOUT)
     p.add_argument("--health-interval", type=float, default=2.0)
+    p.add_argument("--http", choices=["auto", "h11", "httptools"], default="auto", help="auto: httptools when installed")
+    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto", help="auto: uvloop when installed")
     args = p.parse_args(argv)
     router = Router(args.replica, host=args.host, port=args.port, request_timeout=args.request_timeout,
-                    health_interval_s=args.health_interval)
+                    health_interval_s=args.health_interval, http=args.http, event_loop=args.loop)
     print(f"tracerl router on http://{args.host}:{args.port}/v1 over {len(args.replica)} replicas", flush=True)
-    asyncio.run(router.serve())
+    with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
+        runner.run(router.serve())
 
 
 if __name__ == "__main__":

@@ -9,9 +9,21 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import InferenceServerError
+
+
+def fast_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop event loop when uvloop is installed (the ``ray`` extra), else asyncio's own.
+
+    Why: a proxy's CPU per request is mostly event-loop and socket work; uvloop roughly halves it
+    (bench/RESULTS.md, "Scale in simulation")."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 class OpenAIError(Exception):
@@ -127,8 +139,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 class BackgroundUvicorn:
     """Run an ASGI app with uvicorn on a daemon thread with its own event loop."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "tracerl-http") -> None:
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "tracerl-http",
+                 loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop, http: str = "auto") -> None:
+        """``loop_factory``: the thread's event loop (``fast_event_loop`` for uvloop); ``http``: uvicorn's
+        HTTP implementation (``auto``: httptools when installed, else h11)."""
         self.app = app
+        self._loop_factory = loop_factory
+        self._http = http
         self.host = host
         self._requested_port = port
         self.port: int | None = None
@@ -142,12 +159,12 @@ class BackgroundUvicorn:
 
         sock = free_socket(self.host, self._requested_port)
         self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False, http=self._http)
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
 
         def serve() -> None:
-            self.loop = asyncio.new_event_loop()
+            self.loop = self._loop_factory()
             asyncio.set_event_loop(self.loop)
             try:
                 self.loop.run_until_complete(self._server.serve(sockets=[sock]))
