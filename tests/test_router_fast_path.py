@@ -85,3 +85,13 @@ def test_shards_split_the_connection_limit():
     assert all(shard._pool._max_keepalive_connections == 25 for shard in transport.shards)
     with pytest.raises(ValueError):
         ShardedTransport(max_connections=2, shards=4)
+
+
+async def test_the_router_keeps_idle_connections_longer_than_httpx_expires_them(router):
+    # httpx closes its idle connections after 5 s; a server closing at the same moment cuts requests
+    assert router._http._server.config.timeout_keep_alive == tracerl.cluster.router.KEEP_ALIVE_S > httpx.Limits().keepalive_expiry
+
+
+def test_shards_share_one_tls_context():
+    transport = ShardedTransport(shards=4)
+    assert len({id(shard._pool._ssl_context) for shard in transport.shards}) == 1

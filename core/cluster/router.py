@@ -47,6 +47,11 @@ REPLICA_HEADER = "x-tracerl-replica"
 _HOP_BY_HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
                "proxy-authorization", "proxy-connection", "accept-encoding", "content-encoding"}
 _RETRYABLE_STATUS = {502, 503, 504}
+KEEP_ALIVE_S = 75.0
+"""Seconds the router keeps an idle client connection open: longer than httpx's own keep-alive
+expiry (5 s), so a client never sends on a connection the router is closing at that moment
+(uvicorn's default is also 5 s; with 1,000 rollouts reusing connections after a 5 s turn that race
+cut requests in ``bench/scale_sim.py``)."""
 
 
 def group_key(headers: Any, body: Any) -> str | None:
@@ -93,6 +98,7 @@ class Router:
         api_key: str | None = None,
         http: str = "auto",
         event_loop: str = "auto",
+        keep_alive_s: float = KEEP_ALIVE_S,
     ) -> None:
         """``request_timeout``: seconds an upstream answer may take (None: no limit); ``max_attempts``:
         replicas tried per request; ``max_imbalance``: how much busier than the idlest replica a
@@ -101,7 +107,9 @@ class Router:
         forwarded with their own ``Authorization`` header; ``http``: uvicorn's HTTP parser (``auto``:
         httptools when installed, else h11); ``event_loop`` (``start`` only, ``serve`` runs in the
         caller's loop): ``auto`` is uvloop when installed, ``asyncio`` the standard loop.  Both fast
-        ones come with the ``ray`` extra and cut the router's CPU per request (bench/RESULTS.md)."""
+        ones come with the ``ray`` extra and cut the router's CPU per request (bench/RESULTS.md);
+        ``keep_alive_s``: how long an idle client connection stays open (see ``KEEP_ALIVE_S``)."""
+        self.keep_alive_s = check_timeout(keep_alive_s, "keep_alive_s")
         if http not in ("auto", "h11", "httptools") or event_loop not in ("auto", "asyncio", "uvloop"):
             raise InferenceServerError(f"http must be auto/h11/httptools and event_loop auto/asyncio/uvloop, got {http!r}, {event_loop!r}")
         self.http = http
@@ -132,7 +140,8 @@ class Router:
         from ._app import build_app
 
         self._http = BackgroundUvicorn(build_app(self), host=self.host, port=self._port, name="tracerl-router",
-                                       loop_factory=loop_factory(self.event_loop), http=self.http)
+                                       loop_factory=loop_factory(self.event_loop), http=self.http,
+                                       keep_alive_s=self.keep_alive_s)
         port = await asyncio.to_thread(self._http.start)
         self.base_url = f"http://{self.host}:{port}/v1"
         self._health_task = asyncio.run_coroutine_threadsafe(self._health_loop(), self._http.loop)
@@ -147,7 +156,7 @@ class Router:
         sock = free_socket(self.host, self._port)
         self.base_url = f"http://{self.host}:{sock.getsockname()[1]}/v1"
         server = uvicorn.Server(uvicorn.Config(build_app(self), log_level="warning", lifespan="off", access_log=False,
-                                               http=self.http))
+                                               http=self.http, timeout_keep_alive=self.keep_alive_s))
         health = asyncio.create_task(self._health_loop())
         try:
             await server.serve(sockets=[sock])

@@ -140,12 +140,15 @@ class BackgroundUvicorn:
     """Run an ASGI app with uvicorn on a daemon thread with its own event loop."""
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "tracerl-http",
-                 loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop, http: str = "auto") -> None:
+                 loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop, http: str = "auto",
+                 keep_alive_s: float = 5.0) -> None:
         """``loop_factory``: the thread's event loop (``fast_event_loop`` for uvloop); ``http``: uvicorn's
-        HTTP implementation (``auto``: httptools when installed, else h11)."""
+        HTTP implementation (``auto``: httptools when installed, else h11); ``keep_alive_s``: how long
+        an idle client connection is kept open (uvicorn's ``timeout_keep_alive``)."""
         self.app = app
         self._loop_factory = loop_factory
         self._http = http
+        self._keep_alive_s = keep_alive_s
         self.host = host
         self._requested_port = port
         self.port: int | None = None
@@ -159,7 +162,8 @@ class BackgroundUvicorn:
 
         sock = free_socket(self.host, self._requested_port)
         self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False, http=self._http)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False, http=self._http,
+                                timeout_keep_alive=self._keep_alive_s)
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
 
