@@ -56,17 +56,12 @@ def build_app(router: Router) -> Any:
                               type="InferenceServerError") from error
         return Response(content, status_code=response.status_code, headers=headers)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        return await proxied(request, "/v1/chat/completions")
+    # the relayed routes are plain Starlette routes: FastAPI's dependency solving costs ~0.2 ms a request
+    for path, method in (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/models", "GET")):
+        async def relayed(request: Request, path: str = path) -> Any:
+            return await proxied(request, path)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        return await proxied(request, "/v1/completions")
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Any:
-        return await proxied(request, "/v1/models")
+        app.add_route(path, relayed, methods=[method], include_in_schema=False)
 
     async def fan_out(request: Request, path: str) -> Any:
         results = await router.broadcast(path, await request.body(), request.headers)

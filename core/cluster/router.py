@@ -128,6 +128,8 @@ class Router:
         self.base_url = ""
         self._http: Any = None  # BackgroundUvicorn
         self._clients: dict[str, httpx.AsyncClient] = {}
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self._tls_context: Any = None
         self._health_task: Any = None
 
     # --- InferenceServer -------------------------------------------------------------
@@ -197,7 +199,7 @@ class Router:
         if client is None:
             client = self._clients[replica.url] = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
-                transport=ShardedTransport(shards=8),
+                transport=ShardedTransport(shards=8, verify=self._tls()),
             )
         return client
 
@@ -214,7 +216,7 @@ class Router:
                     raise
                 raise NoHealthyReplicaError(f"{error} (last failure: {last_error})", replicas=error.replicas) from None
             client = self.client(replica)
-            request = client.build_request(method, replica.url + path, content=content, headers=outgoing)
+            request = client.build_request(method, self._url(replica, path), content=content, headers=outgoing)
             try:
                 response = await client.send(request, stream=True)
             except httpx.TimeoutException as error:
@@ -232,6 +234,20 @@ class Router:
                 continue
             return response, replica
         raise InferenceServerError(f"{len(tried)} replica(s) failed this request; last: {last_error}")
+
+    def _tls(self) -> Any:
+        """One TLS context for every replica's pool (building one loads the CA bundle: ~25 ms)."""
+        if self._tls_context is None:
+            self._tls_context = httpx.create_ssl_context()
+        return self._tls_context
+
+    def _url(self, replica: Replica, path: str) -> httpx.URL:
+        """``replica.url + path`` parsed once (httpx's URL parsing costs ~0.25 ms a request)."""
+        key = (replica.url, path)
+        url = self._urls.get(key)
+        if url is None:
+            url = self._urls[key] = httpx.URL(replica.url + path)
+        return url
 
     def _failed(self, replica: Replica, tried: list[str], why: str) -> str:
         log.warning("replica %s failed a request (%s): marked unhealthy, trying another", replica.url, why)
