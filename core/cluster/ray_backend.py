@@ -10,6 +10,15 @@ can use it: the bytes go from the trainer's node to the replicas' nodes, never t
 and never through a shared filesystem.  ``history.jsonl`` is written here, by ``model.log``, as
 with ``RemoteBackend``.  Errors the trainer raises (``ConfigError``, ``TrajectoryError``,
 ``NonFiniteError``, a ``TypeError`` for an unknown keyword) are raised here as they are.
+``train_sft`` runs ``LocalBackend.train_sft`` on the actor the same way (its ``sft`` history row
+also written here).
+
+If the trainer actor dies (its process exits or is killed, its node leaves), every call raises
+:class:`~tracerl.errors.InfrastructureError` at once: nothing is retried on a new actor, since a
+half-taken step must not be taken twice.  What the dead process committed stays (checkpoints are
+renamed into place whole), what it had not is cleaned away by the next ``register``, and the run
+lock went with the process, so a new ``RayBackend`` on the same ``path`` resumes from the last
+committed step (tests/test_ray_backend_faults.py).
 """
 
 from __future__ import annotations
@@ -44,6 +53,10 @@ class _TrainerActor:
 
     async def train(self, name: str, groups: list[TrajectoryGroup], kwargs: dict[str, Any]) -> tuple[TrainResult, Any]:
         result = await self.backend.train(self.models[name], groups, **kwargs)
+        return result, self._shipped(self.models[name], result.step)
+
+    async def train_sft(self, name: str, examples: list[Any], config: Any, val: list[Any] | None) -> tuple[TrainResult, Any]:
+        result = await self.backend.train_sft(self.models[name], examples, config, val_trajectories=val)
         return result, self._shipped(self.models[name], result.step)
 
     def _shipped(self, model: TrainableModel, step: int) -> Any:
@@ -139,8 +152,33 @@ class RayBackend:
         model.inference_model_name = model.get_inference_name(result.step)
         return result
 
-    async def train_sft(self, model: Model, trajectories: Any, config: Any = None, **kwargs: object) -> TrainResult:
-        raise NotImplementedError("RayBackend trains GRPO steps; SFT runs on LocalBackend or RemoteBackend for now")
+    async def train_sft(self, model: Model, trajectories: Any, config: Any = None, *, val_trajectories: Any = None) -> TrainResult:
+        """``LocalBackend.train_sft`` on the trainer actor, then ``name@step`` hot-loaded on every replica.
+
+        The examples are read and checked here (a bad file line fails before anything is sent) and
+        travel to the actor as ``Trajectory`` objects; the ``sft`` history row is also written to this
+        machine's ``history.jsonl``, where ``model.log`` writes the others (as ``RemoteBackend`` does)."""
+        from ..errors import ConfigError
+        from ..sft_config import SFTConfig
+        from ..sft_data import as_sft_examples
+        from ..storage import history_row, logged_splits
+
+        name = self._registered(model)
+        if config is None:
+            config = SFTConfig()
+        elif isinstance(config, dict):
+            config = SFTConfig.from_dict(config)
+        elif not isinstance(config, SFTConfig):
+            raise ConfigError(f"config must be an SFTConfig (or its dict), got {type(config).__name__}")
+        val = None if val_trajectories is None else as_sft_examples(val_trajectories)
+        result, files = await self._call("train_sft", name, as_sft_examples(trajectories), config, val)
+        await self.replicas.load_adapter_files(model.get_inference_name(result.step), files)
+        model._step_cache = result.step  # type: ignore[attr-defined]
+        model.inference_model_name = model.get_inference_name(result.step)
+        run_dir = model.run_dir
+        if not any(row.get("step") == result.step and "sft" in logged_splits(row) for row in run_dir.read_history()):
+            run_dir.append_history(history_row(result.step, "sft", result.metrics))
+        return result
 
     async def get_step(self, model: Model) -> int:
         return int(await self._call("get_step", self._registered(model)))
@@ -154,6 +192,7 @@ class RayBackend:
     async def close(self) -> None:
         """Stop the replicas and the trainer (its run locks released); the actor is ended by handle."""
         import ray
+        from ray.exceptions import RayActorError
 
         try:
             await self.replicas.stop()
@@ -161,6 +200,8 @@ class RayBackend:
             if self._trainer is not None:
                 try:
                     await self._trainer.close.remote()
+                except RayActorError:  # the actor already died: its process, and with it the run lock, is gone
+                    pass
                 finally:
                     ray.kill(self._trainer)
                     self._trainer = None
