@@ -37,6 +37,7 @@ from ..errors import InferenceServerError, NoHealthyReplicaError
 from ..http_pool import ShardedTransport
 from ..timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
 from .pool import Replica, ReplicaPool
+from ..inference._http import KEEP_ALIVE_S  # noqa: F401 - re-exported: the router's idle-connection time
 
 log = logging.getLogger("tracerl.router")
 
@@ -47,13 +48,6 @@ REPLICA_HEADER = "x-tracerl-replica"
 _HOP_BY_HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
                "proxy-authorization", "proxy-connection", "accept-encoding", "content-encoding"}
 _RETRYABLE_STATUS = {502, 503, 504}
-KEEP_ALIVE_S = 75.0
-"""Seconds the router keeps an idle client connection open: longer than httpx's own keep-alive
-expiry (5 s), so a client never sends on a connection the router is closing at that moment
-(uvicorn's default is also 5 s; with 1,000 rollouts reusing connections after a 5 s turn that race
-cut requests in ``bench/scale_sim.py``)."""
-
-
 def group_key(headers: Any, body: Any) -> str | None:
     """The affinity key of a request: its group header, its ``user``, or its shared prompt's hash."""
     explicit = headers.get(GROUP_HEADER)

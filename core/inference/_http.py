@@ -13,6 +13,13 @@ from typing import Any, Callable
 
 from ..errors import InferenceServerError
 
+KEEP_ALIVE_S = 75.0
+"""Seconds tracerl's HTTP servers (router, proxies, the transformers server; vLLM through
+``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``) keep an idle client connection open.  Longer than httpx's own
+keep-alive expiry (5 s): with uvicorn's default, also 5 s, a request sent on a connection idle
+for ~5 s (a training step, a turn) raced the server's close and was lost — 3-4 of 1,000 rollouts
+in ``bench/scale_sim.py``, and a held-out rollout right after a step in ``bench/time_to_reward.py``."""
+
 
 def fast_event_loop() -> asyncio.AbstractEventLoop:
     """A uvloop event loop when uvloop is installed (the ``ray`` extra), else asyncio's own.
@@ -141,7 +148,7 @@ class BackgroundUvicorn:
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "tracerl-http",
                  loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop, http: str = "auto",
-                 keep_alive_s: float = 5.0) -> None:
+                 keep_alive_s: float = KEEP_ALIVE_S) -> None:
         """``loop_factory``: the thread's event loop (``fast_event_loop`` for uvloop); ``http``: uvicorn's
         HTTP implementation (``auto``: httptools when installed, else h11); ``keep_alive_s``: how long
         an idle client connection is kept open (uvicorn's ``timeout_keep_alive``)."""

