@@ -153,13 +153,34 @@ class Tracker:
 
 
 # -- tracerl: the demo's own model, backend and step --------------------------------------
+def demo_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The demo's own defaults (its parser: serving, vLLM KV cache, ...) with this run's settings.
+
+    Activation checkpointing is off on both sides (TRL's too): the same computation, and the
+    faster one on this CPU; the demo turns it on to fit a laptop's memory.
+    """
+    import demo
+
+    saved = sys.argv
+    try:
+        sys.argv = ["demo.py"]
+        dargs = demo.parse_args()
+    finally:
+        sys.argv = saved
+    overrides = dict(seed=args.seed, base_model=args.base_model, data=tempfile.mkdtemp(prefix="ttr-tracerl-"), inference=args.inference,
+                     serving=args.serving, rollouts=args.rollouts, lr=args.lr, groups_per_step=args.groups_per_step, steps=args.max_steps)  # fmt: skip
+    for key, value in overrides.items():
+        setattr(dargs, key, value)
+    if hasattr(dargs, "gradient_checkpointing"):
+        dargs.gradient_checkpointing = False
+    return dargs
+
+
 async def run_tracerl(args: argparse.Namespace) -> dict:
     import demo
     import tracerl
 
-    dargs = SimpleNamespace(seed=args.seed, base_model=args.base_model, data=tempfile.mkdtemp(prefix="ttr-tracerl-"),
-                            inference=args.inference, serving=args.serving, rollouts=args.rollouts, lr=args.lr,
-                            groups_per_step=args.groups_per_step, steps=args.max_steps)  # fmt: skip
+    dargs = demo_args(args)
     train_tasks = demo.make_tasks(args.seed, 400)
     val_tasks = demo.make_tasks(10_000 + args.seed, args.val_tasks)
     tracker = Tracker(args)
@@ -205,6 +226,7 @@ async def run_tracerl(args: argparse.Namespace) -> dict:
         await backend.close()
     out = tracker.result()
     out["serving"] = "merged" if backend.serve_merged else "lora"
+    out["demo_kv_cache_mib"] = getattr(dargs, "kv_cache_mib", None)  # None: the demo had no such flag (vLLM's 2 GiB then)
     out["inference"] = args.inference
     return out
 
@@ -400,6 +422,11 @@ def gflops(run: dict) -> float:
     return flops / max(run["train_seconds"], 1e-9) / 1e9
 
 
+def peak_mb(run: dict) -> int:
+    """The tree's sampled peak RSS, or the worker's own ``ru_maxrss`` where a 0.2 s sample missed a spike."""
+    return max(run["peak_tree_rss_mb"], run["peak_rss_own_process_mb"])
+
+
 def fmt_s(seconds: float) -> str:
     return "not reached" if seconds == float("inf") else f"{seconds:.0f} s"
 
@@ -435,7 +462,7 @@ def print_table(runs: list[dict], target: float | None) -> None:
         per_step = statistics.median(r["train_seconds"] / max(r["steps_run"], 1) for r in rs)
         evals = statistics.median(e["eval_seconds"] for r in rs for e in r["evals"])
         pct = statistics.median(100 * gflops(r) / r["ceiling"]["matmul_gflops"] for r in rs)
-        rss = [r["peak_tree_rss_mb"] for r in rs]
+        rss = [peak_mb(r) for r in rs]
         print(f"| {side_name(rs[0])} | {len(rs)} | {fmt_s(med)} [{fmt_s(lo)} – {fmt_s(hi)}] | {steps} | {per_step:.1f} | "
               f"{statistics.median(r['setup_seconds'] for r in rs):.0f} s | "
               f"{fmt_s(statistics.median(r['setup_seconds'] + t for r, t in zip(rs, times)))} | {evals:.1f} | {statistics.median(gflops(r) for r in rs):.1f} | "
@@ -462,7 +489,7 @@ def print_table(runs: list[dict], target: float | None) -> None:
         g = gflops(r)
         print(f"| {r['seed']} | {r['side']} | {r['ceiling']['matmul_gflops']:.0f} | {r['setup_seconds']:.0f} s | {fmt_s(seconds)} | "
               f"{step or '–'} | {r['steps_run']} | {r['train_seconds'] / max(r['steps_run'], 1):.1f} | "
-              f"{g:.1f} ({100 * g / r['ceiling']['matmul_gflops']:.1f}%) | {r['peak_tree_rss_mb']} | {curve} |")  # fmt: skip
+              f"{g:.1f} ({100 * g / r['ceiling']['matmul_gflops']:.1f}%) | {peak_mb(r)} | {curve} |")  # fmt: skip
     failed = [(r["seed"], r["side"], e["step"], len(e["failed_rollouts"])) for r in runs for e in r["evals"] if e.get("failed_rollouts")]
     if failed:
         print("\nfailed held-out rollouts (counted as 0): " + ", ".join(f"seed {a} {b} step {c}: {d}" for a, b, c, d in failed))
