@@ -110,8 +110,8 @@ def _logger_names() -> set[str]:
                 if argument == "__name__":
                     parts = path.relative_to(ROOT / folder).with_suffix("").parts
                     names.add(".".join((package, *parts)))
-                elif argument[:1] in "\"'":
-                    names.add(argument.strip("\"'"))
+                elif argument[:1] in "\"'" and argument.strip("\"'").startswith("tracerl"):
+                    names.add(argument.strip("\"'"))  # a third-party logger (an example quieting httpx) is not ours
     return names
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,7 @@ def test_extra_args_that_configure_structured_outputs_win() -> None:
     assert "--structured-outputs-config" not in dotted.command(8000)
 
 
-def test_the_installed_vllm_accepts_the_flag() -> None:
+def test_the_installed_vllm_accepts_the_flag(tmp_path: Path) -> None:
     python = vllm_python()
     if python is None:
         pytest.skip("the vLLM runtime venv is not installed")
@@ -47,7 +48,8 @@ def test_the_installed_vllm_accepts_the_flag() -> None:
         "config = AsyncEngineArgs.from_cli_args(args).structured_outputs_config\n"
         "print(json.dumps({'backend': config.backend, 'disable_any_whitespace': config.disable_any_whitespace}))\n"
     )
-    argv = ["--model", "/models/m", "--structured-outputs-config", json.dumps(COMPACT_STRUCTURED_OUTPUTS)]
+    # an existing local folder: vLLM resolves any other name as a hub repo id (no network here)
+    argv = ["--model", str(tmp_path), "--structured-outputs-config", json.dumps(COMPACT_STRUCTURED_OUTPUTS)]
     done = subprocess.run([str(python), "-c", script, *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == COMPACT_STRUCTURED_OUTPUTS
