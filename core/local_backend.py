@@ -377,12 +377,7 @@ class LocalBackend:
         from .sft_config import SFTConfig
         from .sft_data import as_sft_examples
 
-        if config is None:
-            config = SFTConfig()
-        elif isinstance(config, dict):
-            config = SFTConfig.from_dict(config)
-        elif not isinstance(config, SFTConfig):
-            raise ConfigError(f"config must be an SFTConfig (or its dict), got {type(config).__name__}")
+        config = SFTConfig.coerce(config)
         examples = as_sft_examples(trajectories)
         val = as_sft_examples(val_trajectories) if val_trajectories is not None else None
         state = self._writable(model)

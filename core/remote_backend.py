@@ -184,12 +184,7 @@ class RemoteBackend:
         from .storage import history_row, logged_splits
 
         trainable = self._trainable(model)
-        if config is None:
-            config = SFTConfig()
-        elif isinstance(config, dict):
-            config = SFTConfig.from_dict(config)
-        elif not isinstance(config, SFTConfig):
-            raise ConfigError(f"config must be an SFTConfig (or its dict), got {type(config).__name__}")
+        config = SFTConfig.coerce(config)
         body: dict[str, Any] = {
             "trajectories": [t.to_json_dict() for t in as_sft_examples(trajectories)],
             "config": config.to_dict(),

@@ -90,6 +90,19 @@ class SFTConfig:
         """The inverse of :meth:`to_dict`; an unknown key is a ``TypeError`` like an unknown keyword."""
         return cls(**dict(data or {}))
 
+    @classmethod
+    def coerce(cls, config: "SFTConfig | dict[str, Any] | None") -> "SFTConfig":
+        """What every backend's ``train_sft(config=...)`` accepts: None (defaults), a dict, or an SFTConfig."""
+        if config is None:
+            return cls()
+        if isinstance(config, dict):
+            return cls.from_dict(config)
+        if not isinstance(config, cls):
+            from .errors import ConfigError
+
+            raise ConfigError(f"config must be an SFTConfig (or its dict), got {type(config).__name__}")
+        return config
+
     def schedule(self, total_steps: int) -> list[float]:
         """The learning rate of each of ``total_steps`` optimizer steps."""
         if isinstance(self.learning_rate, list):

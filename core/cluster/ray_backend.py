@@ -158,18 +158,12 @@ class RayBackend:
         The examples are read and checked here (a bad file line fails before anything is sent) and
         travel to the actor as ``Trajectory`` objects; the ``sft`` history row is also written to this
         machine's ``history.jsonl``, where ``model.log`` writes the others (as ``RemoteBackend`` does)."""
-        from ..errors import ConfigError
         from ..sft_config import SFTConfig
         from ..sft_data import as_sft_examples
         from ..storage import history_row, logged_splits
 
         name = self._registered(model)
-        if config is None:
-            config = SFTConfig()
-        elif isinstance(config, dict):
-            config = SFTConfig.from_dict(config)
-        elif not isinstance(config, SFTConfig):
-            raise ConfigError(f"config must be an SFTConfig (or its dict), got {type(config).__name__}")
+        config = SFTConfig.coerce(config)
         val = None if val_trajectories is None else as_sft_examples(val_trajectories)
         result, files = await self._call("train_sft", name, as_sft_examples(trajectories), config, val)
         await self.replicas.load_adapter_files(model.get_inference_name(result.step), files)
