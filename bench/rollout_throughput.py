@@ -208,7 +208,7 @@ async def start_candidates(args: argparse.Namespace, model_path: Path, adapter: 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from ceiling import describe, measure_ceiling
     from demo_step import load_demo
-    from serving_speed import TransformersProcess, TreeRSS
+    from serving_speed import TreeRSS, stop_servers
 
     from tracerl.base_models import resolve_base_model
 
@@ -245,11 +245,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ceiling_after = measure_ceiling()
         print(describe(ceiling_after), flush=True)
     finally:
-        for server in servers:
-            if isinstance(server, TransformersProcess):
-                server.stop()
-            else:
-                await server.stop()
+        await stop_servers(servers)
         shutil.rmtree(tmp, ignore_errors=True)
     return {
         "script": "bench/rollout_throughput.py",

@@ -93,6 +93,15 @@ def make_merged(model_path: Path, adapter: Path, target: Path) -> None:
     merged.save_pretrained(target)
 
 
+async def stop_servers(servers: list[Any]) -> None:
+    """Stop every candidate server (a ``TransformersProcess`` stops synchronously, vLLM servers await)."""
+    for server in servers:
+        if isinstance(server, TransformersProcess):
+            server.stop()
+        else:
+            await server.stop()
+
+
 # --- process-tree memory ---------------------------------------------------------------
 class TreeRSS:
     """Peak of the summed RSS of a process and all its descendants, sampled on a thread.
@@ -299,11 +308,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ceiling_after = measure_ceiling()
         print(describe(ceiling_after), flush=True)
     finally:
-        for server in servers:
-            if isinstance(server, TransformersProcess):
-                server.stop()
-            else:
-                await server.stop()
+        await stop_servers(servers)
         shutil.rmtree(tmp, ignore_errors=True)
     return {
         "script": "bench/serving_speed.py",
