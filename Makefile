@@ -11,7 +11,7 @@ BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-vllm install-phoenix install-skypilot install-ray demo test chaos bench clean
+.PHONY: install install-vllm install-jemalloc install-phoenix install-skypilot install-ray demo test chaos bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -54,10 +54,18 @@ $(RAY_STAMP): $(STAMP)
 
 install-ray: $(RAY_STAMP)
 
-demo: install-vllm
+# jemalloc under the trainer: ~0.9 GB less peak per training step than glibc's malloc (tracerl.allocator).
+# Best effort: installed with apt when this runs as root on Debian/Ubuntu, otherwise a hint; nothing needs it.
+install-jemalloc: $(STAMP)
+	@$(BIN)/python -m tracerl.allocator >/dev/null 2>&1 \
+	|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	     && { apt-get install -y -q libjemalloc2 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libjemalloc2 >/dev/null; }; }; } \
+	|| echo "note: no jemalloc (apt-get install libjemalloc2): the demo runs on glibc malloc, ~0.9 GB more peak memory"
+
+demo: install-vllm install-jemalloc
 	$(BIN)/python examples/demo.py
 
-test: install-vllm install-phoenix install-skypilot install-ray
+test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray
 	$(BIN)/python -m pytest -q tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,

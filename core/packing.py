@@ -71,14 +71,45 @@ def _common_prefix_length(sequences: Sequence[TrainingSequence], members: list[i
     return n
 
 
+def _rows_without_prefix(sequences: Sequence[TrainingSequence], members: list[int]) -> list[_Row]:
+    """Sequences with nothing to share, packed first-fit-decreasing into rows as long as the longest.
+
+    Why that length: attention runs over a whole row (the mask hides the other sequences, SDPA
+    still computes them), and a micro-batch pads every row to its longest anyway.  Rows filled
+    up to the longest sequence cost no more attention than that sequence's own row, and short
+    sequences stop costing a padded row each.  Filling rows up to ``max_tokens`` instead cost
+    ~6x the attention FLOPs for 16 distinct 340-token prompts in 2,048-token rows."""
+    order = sorted(members, key=lambda i: len(sequences[i].token_ids), reverse=True)
+    capacity = len(sequences[order[0]].token_ids)
+    rows: list[_Row] = []
+    lengths: list[int] = []
+    for i in order:
+        n = len(sequences[i].token_ids)
+        for r, used in enumerate(lengths):
+            if used + n <= capacity:
+                rows[r].members.append(i)
+                lengths[r] += n
+                break
+        else:
+            rows.append(_Row([], [i]))
+            lengths.append(n)
+    for row in rows:
+        row.members.sort()  # the sequences' own order inside a row
+    return rows
+
+
 def _rows(sequences: Sequence[TrainingSequence], max_tokens: int, share_prefix: bool) -> list[_Row]:
-    """One row per group (more if a group overflows ``max_tokens``), sharing the group's prefix."""
+    """One row per group (more if a group overflows ``max_tokens``), sharing the group's prefix;
+    a row per sequence when the group's sequences share no prefix."""
     by_group: dict[int, list[int]] = {}
     for i, seq in enumerate(sequences):
         by_group.setdefault(seq.group_index if share_prefix else -1 - i, []).append(i)
     rows: list[_Row] = []
     for members in by_group.values():
         p = _common_prefix_length(sequences, members)
+        if p == 0 and len(members) > 1:
+            rows.extend(_rows_without_prefix(sequences, members))
+            continue
         prefix = list(sequences[members[0]].token_ids[:p])
         row = _Row(prefix, [])
         for i in members:

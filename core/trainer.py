@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
+from .allocator import hold_freed_memory, release_freed_memory
 from .devices import TRAIN_OVERHEAD, check_room_for, default_device, dtype_for
 from .errors import ConfigError, NonFiniteError, TrajectoryError
 from .grpo import ImportanceLevel, LossFn, chunked_token_logprobs, policy_loss, probability_correlation
@@ -72,16 +74,6 @@ def trained_tokens(micro_batches: Sequence[MicroBatch]) -> float:
     return sum(float((mb.weights_N > 0).sum()) for mb in micro_batches)
 
 
-def _release_freed_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc keeps them otherwise: RSS only grows)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
 class LoRATrainer:
     """Holds the base model with a trainable LoRA and its optimizer."""
 
@@ -115,23 +107,32 @@ class LoRATrainer:
 
         self.device = device or default_device()
         self.dtype = dtype = dtype or dtype_for(self.device)
+        if self.device == "cpu":
+            hold_freed_memory()  # on jemalloc: no re-faulting inside a step (tracerl.allocator)
         check_room_for(model_path, self.device, overhead=TRAIN_OVERHEAD, what="the trainer", dtype=dtype)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
         base.config.use_cache = False
-        if adapter_path is not None:
-            self.model = PeftModel.from_pretrained(base, adapter_path, is_trainable=True)
-        else:
-            config = LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
-                task_type="CAUSAL_LM",
-            )
-            self.model = get_peft_model(base, config)
+        with warnings.catch_warnings():
+            # peft asks transformers 5.x for the deprecated `is_gradient_checkpointing` (peft's call, not ours)
+            warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+            if adapter_path is not None:
+                self.model = PeftModel.from_pretrained(base, adapter_path, is_trainable=True)
+            else:
+                config = LoraConfig(
+                    r=lora.r,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=list(lora.target_modules),
+                    task_type="CAUSAL_LM",
+                )
+                self.model = get_peft_model(base, config)
         if gradient_checkpointing:
             # non-reentrant: LoRA's inputs need no requires_grad, and the recompute sees the same mask
-            self.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            base_model = self.model.get_base_model()
+            if hasattr(base_model, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns there
+                base_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.gradient_checkpointing = gradient_checkpointing
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -239,7 +240,7 @@ class LoRATrainer:
             group["lr"] = learning_rate
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        _release_freed_memory()
+        release_freed_memory()  # the step's freed memory goes back for the rollouts (see tracerl.allocator)
         self._check_adapter_finite(f"after the update (learning_rate={learning_rate} too large?)", changed=True)
         return result, float(grad_norm)
 

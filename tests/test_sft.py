@@ -151,26 +151,25 @@ def tiny_trainer(tmp_path_factory):
 def _examples() -> list[TrainingSequence]:
     system = [1, 2, 3]
     return [
-        TrainingSequence(system + [10, 11, 12, 13], [0, 0, 0, 0, 1, 1, 1], [0.0] * 7, 0, 5),
-        TrainingSequence(system + [20, 21, 22], [0, 0, 0, 0, 1, 1], [0.0] * 6, 1, 7),
+        TrainingSequence(system + [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [0, 0, 0] + [1] * 11, [0.0] * 14, 0, 5),
+        TrainingSequence(system + [20, 21, 22], [0, 0, 0, 1, 1, 1], [0.0] * 6, 1, 7),
         TrainingSequence([4, 5, 30, 31, 32, 2, 33], [0, 0, 1, 1, 0, 0, 1], [0.0] * 7, 2, 9),
     ]
 
 
-def test_examples_packed_in_one_row_attend_only_to_themselves():
-    [mb] = pack_batch(_examples(), "token", max_tokens=64, pad_token_id=0)
-    assert mb.input_ids_BT.shape[0] == 1, "all three examples share one row"
-    allowed = mb.attention_mask_B1TT[0, 0] == 0
-    spans, offset = [], 0
-    for example in _examples():
-        spans.append(range(offset, offset + len(example.token_ids)))
-        offset += len(example.token_ids)
-    # the common prefix of all three is empty, so each span sees exactly itself, causally
-    for span in spans:
+def test_examples_without_a_shared_prefix_fill_rows_as_long_as_the_longest_and_see_only_themselves():
+    examples = _examples()
+    [mb] = pack_batch(examples, "token", max_tokens=64, pad_token_id=0)
+    # no prefix common to all three: the 14-token example has a row of its own (the row length),
+    # the 6- and 7-token ones share the second row (13 <= 14): no row longer than the longest
+    assert tuple(mb.input_ids_BT.shape) == (2, 14)
+    assert mb.input_ids_BT[0].tolist() == examples[0].token_ids
+    assert mb.input_ids_BT[1, :13].tolist() == examples[1].token_ids + examples[2].token_ids
+    allowed = mb.attention_mask_B1TT[1, 0] == 0
+    for span in (range(0, 6), range(6, 13)):  # each example sees exactly itself, causally
         for q in span:
-            seen = {k for k in range(allowed.shape[1]) if allowed[q, k]}
-            assert seen == set(range(span.start, q + 1))
-        assert mb.position_ids_BT[0, span.start] == 0
+            assert {k for k in range(14) if allowed[q, k]} == set(range(span.start, q + 1))
+        assert mb.position_ids_BT[1, span.start] == 0
 
 
 @pytest.mark.parametrize("max_tokens", [64, 10])

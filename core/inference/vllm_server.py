@@ -231,6 +231,7 @@ class VLLMServer:
             "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
             "--middleware", f"{GUARD_MODULE}.guard",  # the key on every route, not only /v1 (vllm_key_guard.py)
             *self.gpu_args(),
+            *self.executor_args(),
             *self.kv_cache_args(),
             *self.structured_output_args(),
             *self.extra_args,
@@ -262,6 +263,25 @@ class VLLMServer:
         if self.sleep_while_training:
             args.append("--enable-sleep-mode")
         return args
+
+    def runs_model_in_engine_process(self) -> bool:
+        """On CPU with one worker: the model runs inside vLLM's engine-core process (no worker process).
+
+        Why: vLLM's default multiprocess executor starts a third process (API server, engine
+        core, worker), each a Python with torch loaded; on CPU with tensor/data parallel 1 the
+        single-process executor (``--distributed-executor-backend uni``, which vLLM allows on CPU
+        only with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) holds ~0.4 GB less for the same decode
+        speed (measured: 3.44 → 3.09 GB peak PSS of the tree, 113-123 vs 114-133 tok/s at 16
+        concurrent, weight reload unchanged).  ``extra_args`` naming an executor keep theirs."""
+        return (
+            not has_gpu()
+            and self.tensor_parallel_size == 1
+            and self.data_parallel_size == 1
+            and not any(arg.startswith("--distributed-executor-backend") for arg in self.extra_args)
+        )
+
+    def executor_args(self) -> list[str]:
+        return ["--distributed-executor-backend", "uni"] if self.runs_model_in_engine_process() else []
 
     def kv_cache_args(self) -> list[str]:
         """The KV cache's size in bytes (always set on CPU, where vLLM allocates it up front in RAM)."""
@@ -304,6 +324,8 @@ class VLLMServer:
         if not has_gpu():
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")  # the default binds one core
+        if self.runs_model_in_engine_process():
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM refuses the uni executor on CPU without it
         env.update(self.extra_env)
         env["VLLM_API_KEY"] = self.api_key  # vLLM checks it on /v1/*; the guard middleware on the rest
         if self._guard_dir is not None:
