@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, list[str]] = {
                   "--warmup", "1", "--json", "{raw}/grpo_step_results.json"],
     "time_to_reward": ["--seeds", "0,1,2,3,4", "--results", "{raw}/time_to_reward_results.json"],
     "demo_step": ["--steps", "4", "--json", "{raw}/demo_step_results.json"],
+    "allocator_step": ["--rounds", "2", "--steps", "3", "--json", "{raw}/allocator_step_results.json"],
     "capture_overhead": ["--calls", "1000"],
     "capture_memory": [],
     "langgraph_overhead": [],
