@@ -220,14 +220,17 @@ class Driver:
         # --direct: each group calls one replica itself (no router), to see what the router adds
         self.direct = [tracerl.Model("sim-agent", "scale-sim", inference_base_url=f"{url}/v1", inference_api_key="sim",
                                      inference_timeout=3600) for url in urls]
-        if args.client_pool == "sdk-default":  # the OpenAI SDK's own pool (1,000 connections, 100 kept alive)
+        if args.client_pool != "tracerl":
             from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
+            from tracerl.http_pool import ShardedTransport, http_module_of
             from tracerl.model import _tag_group
 
             for m in (self.model, *self.direct):
+                # sdk-default: the OpenAI SDK's own pool (1,000 connections, 100 kept alive); sharded: tracerl's without aiohttp
+                transport = ShardedTransport(http=http_module_of(DefaultAsyncHttpxClient)) if args.client_pool == "sharded" else None
                 m._client = AsyncOpenAI(base_url=m.inference_base_url, api_key="sim", max_retries=0, timeout=3600,
-                                        http_client=DefaultAsyncHttpxClient(event_hooks={"request": [_tag_group]}))
+                                        http_client=DefaultAsyncHttpxClient(event_hooks={"request": [_tag_group]}, transport=transport))
                 m._client_key = (m.inference_base_url, m.inference_api_key, m.inference_timeout)
         self.records: list[dict[str, float]] = []
         self.plan = make_plan(workload, args, seed)
@@ -422,8 +425,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--router-http", choices=["auto", "h11", "httptools"], default="auto")
     p.add_argument("--router-loop", choices=["auto", "asyncio", "uvloop"], default="auto")
-    p.add_argument("--client-pool", choices=["sharded", "sdk-default"], default="sharded",
-                   help="model.openai_client()'s pool (tracerl.http_pool) or the OpenAI SDK's default one")
+    p.add_argument("--client-pool", choices=["tracerl", "sharded", "sdk-default"], default="tracerl",
+                   help="tracerl: model.openai_client() as it is (aiohttp when installed); sharded: its httpx pools "
+                        "(without aiohttp); sdk-default: the OpenAI SDK's own pool")
     p.add_argument("--direct", action="store_true", help="bypass the router: each group calls one replica")
     p.add_argument("--driver-processes", type=int, default=1,
                    help="run the rollouts over K driver processes (each its own share of the groups), as one would "
