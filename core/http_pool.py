@@ -126,7 +126,7 @@ class AiohttpTransport:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.max_connections,
                                              keepalive_timeout=self.keepalive_expiry, ssl=self._ssl)
             session = self._sessions[loop] = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                                                   skip_auto_headers=("User-Agent", "Accept-Encoding"))
+                                                                   skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"))
             # closed when the loop ends (asyncio.run's shutdown_asyncgens closes open async generators),
             # so a client nobody closes does not leave an "Unclosed client session" behind
             closer = self._closers[loop] = _close_at_loop_end(session)

@@ -61,7 +61,7 @@ class Upstream:
                                              ssl=self._tls if self._tls is not None else True)
             # raw bytes through: the router relays answers as the replica wrote them
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                                  skip_auto_headers=("Accept-Encoding", "User-Agent"))
+                                                  skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"))
             self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout,
                                                   sock_read=self.request_timeout)
         return self._session
