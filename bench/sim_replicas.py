@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -77,23 +78,38 @@ class Engine:
             self.active = still
 
 
-def completion(body: dict[str, Any], tokens: int, engine_s: float) -> dict[str, Any]:
-    prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages") or [])
-    prompt_ids = [(i * 7919) % 49_000 + 100 for i in range(max(prompt_chars // 4, 1))]
+@functools.lru_cache(maxsize=4096)
+def _choice_json(tokens: int, logprobs: bool, token_ids: bool) -> str:
+    """A choice of ``tokens`` tokens, serialised once per shape: the simulator's own CPU per answer stays
+    small next to what it simulates (a deployment's replicas run on their own machines)."""
     ids = [(i * 104_729) % 49_000 + 100 for i in range(tokens)]
     choice: dict[str, Any] = {"index": 0, "finish_reason": "length",
                               "message": {"role": "assistant", "content": " ".join(f"t{t}" for t in ids)}}
-    if body.get("logprobs"):
+    if logprobs:
         choice["logprobs"] = {"content": [{"token": f"t{t}", "logprob": -1.0, "bytes": None, "top_logprobs": []} for t in ids]}
-    if body.get("return_token_ids"):
+    if token_ids:
         choice["token_ids"] = ids
-    answer = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-              "model": body.get("model", "sim"), "choices": [choice],
-              "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": tokens, "total_tokens": len(prompt_ids) + tokens},
-              "tracerl_sim": {"engine_s": engine_s}}
-    if body.get("return_token_ids"):
-        answer["prompt_token_ids"] = prompt_ids
-    return answer
+    return json.dumps(choice)
+
+
+@functools.lru_cache(maxsize=4096)
+def _prompt_ids_json(n: int) -> str:
+    return json.dumps([(i * 7919) % 49_000 + 100 for i in range(n)])
+
+
+def completion(body: dict[str, Any], tokens: int, engine_s: float) -> bytes:
+    """The OpenAI chat completion answer (JSON bytes) for ``body``, ``tokens`` long, with its engine time."""
+    prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages") or [])
+    prompt_n = max(prompt_chars // 4, 1)
+    return_ids = bool(body.get("return_token_ids"))
+    head = json.dumps({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                       "model": body.get("model", "sim"),
+                       "usage": {"prompt_tokens": prompt_n, "completion_tokens": tokens, "total_tokens": prompt_n + tokens},
+                       "tracerl_sim": {"engine_s": engine_s}})
+    tail = f', "choices": [{_choice_json(tokens, bool(body.get("logprobs")), return_ids)}]'
+    if return_ids:
+        tail += f', "prompt_token_ids": {_prompt_ids_json(prompt_n)}'
+    return (head[:-1] + tail + "}").encode()
 
 
 async def _serve_connection(engine: Engine, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -110,15 +126,14 @@ async def _serve_connection(engine: Engine, reader: asyncio.StreamReader, writer
                 headers[name.strip().lower()] = value.strip()
             body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
             if method == "GET" and path == "/health":
-                status, payload = 200, {"status": "ok", "active": len(engine.active)}
+                status, data = 200, json.dumps({"status": "ok", "active": len(engine.active)}).encode()
             elif method == "POST" and path == "/v1/chat/completions":
                 request = json.loads(body)
                 tokens = int(request.get("max_tokens") or request.get("max_completion_tokens") or 64)
                 engine_s = await engine.generate(tokens)
-                status, payload = 200, completion(request, tokens, engine_s)
+                status, data = 200, completion(request, tokens, engine_s)
             else:
-                status, payload = 404, {"error": {"message": f"no route {method} {path}", "type": "not_found_error"}}
-            data = json.dumps(payload).encode()
+                status, data = 404, json.dumps({"error": {"message": f"no route {method} {path}", "type": "not_found_error"}}).encode()
             writer.write(f"HTTP/1.1 {status} {'OK' if status == 200 else 'Not Found'}\r\ncontent-type: application/json\r\n"
                          f"content-length: {len(data)}\r\n\r\n".encode() + data)
             await writer.drain()
@@ -145,8 +160,20 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--rate-at-knee", type=float, default=101.0, help="aggregate decode tokens/s at --knee concurrent")
     p.add_argument("--knee", type=int, default=8)
+    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto",
+                   help="auto: uvloop when installed (less of the simulator's own CPU per answer)")
     args = p.parse_args()
-    asyncio.run(serve(args.replicas, args.rate_at_knee, args.knee))
+    loop_factory = asyncio.new_event_loop
+    if args.loop != "asyncio":
+        try:
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        except ImportError:
+            if args.loop == "uvloop":
+                raise
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(args.replicas, args.rate_at_knee, args.knee))
 
 
 if __name__ == "__main__":

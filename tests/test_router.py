@@ -188,7 +188,7 @@ async def test_no_healthy_replica_left_is_a_503_naming_each(replicas):
             assert answer.status_code == 503
             error = answer.json()["error"]
             assert error["type"] == "NoHealthyReplicaError"
-            assert all(r.url in error["message"] for r in replicas) and "ConnectError" in error["message"]
+            assert all(r.url in error["message"] for r in replicas) and "cannot connect" in error["message"]
             assert (await client.get(router.base_url.removesuffix("/v1") + "/health")).status_code == 503
         assert not await router.health()
     finally:

@@ -1,11 +1,14 @@
 """The router's lean path: whole JSON answers relayed as one body, the group header spares the body
 a parse, a whole answer cut mid-body is a 502 naming the replica, and the client's pool
-(``tracerl.http_pool.ShardedTransport``) keeps its connections alive across turns.
+(``tracerl.http_pool.AiohttpTransport``, or ``ShardedTransport`` without aiohttp) keeps its
+connections alive across turns.
 
 Faults are real: the scripted replica drops its connection mid-body (``Reply(drop=True)``).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import httpx
 import pytest
@@ -14,7 +17,8 @@ from router_replicas import ReplicaServer
 
 import tracerl
 from tracerl.cluster import GROUP_HEADER, REPLICA_HEADER, Router
-from tracerl.http_pool import ShardedTransport
+import tracerl.http_pool
+from tracerl.http_pool import AiohttpTransport, ShardedTransport
 
 
 @pytest.fixture()
@@ -58,11 +62,14 @@ async def test_a_whole_answer_cut_mid_body_is_a_502_naming_the_replica_and_marks
     assert len(cut) == 1 and cut[0]["healthy"] is False and cut[0]["url"] in answer.json()["error"]["message"]
 
 
-async def test_the_model_client_keeps_its_connections_across_turns(router):
+@pytest.mark.parametrize("kind", ["aiohttp", "sharded"])
+async def test_the_model_client_keeps_its_connections_across_turns(router, kind, monkeypatch):
+    if kind == "sharded":  # the transport without aiohttp installed
+        monkeypatch.setattr(tracerl.http_pool, "openai_transport", lambda http: ShardedTransport(http=http))
     model = tracerl.Model("agent", "fast-path", inference_base_url=router.base_url, inference_api_key="k")
     client = model.openai_client()
     transport = client._client._transport
-    assert isinstance(transport, ShardedTransport)
+    assert isinstance(transport, AiohttpTransport if kind == "aiohttp" else ShardedTransport)
 
     async def rollout(i: int) -> tracerl.Trajectory:
         messages = [{"role": "user", "content": f"task {i}"}]
@@ -74,6 +81,10 @@ async def test_the_model_client_keeps_its_connections_across_turns(router):
     groups = await tracerl.gather_trajectory_groups(
         [tracerl.TrajectoryGroup(rollout(i) for i in range(16)) for _ in range(2)], pbar_desc=None)
     assert sum(len(g.trajectories) for g in groups) == 32
+    if kind == "aiohttp":  # every connection is back in the pool, idle and open
+        idle = [c for conns in transport._sessions[asyncio.get_running_loop()].connector._conns.values() for c, _ in conns]
+        assert 0 < len(idle) < 32 * 3 and all(c.is_connected() for c in idle)
+        return
     connections = [c for shard in transport.shards for c in shard._pool.connections]
     assert 0 < len(connections) < 32 * 3  # fewer connections than calls: kept alive across turns ...
     assert not any(c.is_closed() for c in connections)  # ... and none closed by a keep-alive limit

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import InferenceServerError, NoHealthyReplicaError
 from ..inference._http import OpenAIError, install_error_handlers
 from ..untraced import untraced_fastapi
-from .router import GROUP_HEADER, REPLICA_HEADER, UpstreamTimeout, _HOP_BY_HOP, group_key
+from .router import GROUP_HEADER, REPLICA_HEADER, _HOP_BY_HOP, group_key
+from .upstream import AnswerDropped, UpstreamTimeout
 
 if TYPE_CHECKING:  # pragma: no cover
     from .router import Router
@@ -47,14 +47,13 @@ def build_app(router: Router) -> Any:
         headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
         headers[REPLICA_HEADER] = replica.url
         if response.headers.get("content-type", "").startswith("text/event-stream"):
-            return StreamingResponse(router.relay(response, replica), status_code=response.status_code, headers=headers)
+            return StreamingResponse(router.relay(response, replica), status_code=response.status, headers=headers)
         # a whole JSON answer: one body with its length, not a chunked stream (less work on both sides)
         try:
             content = await router.read(response, replica)
-        except httpx.HTTPError as error:
-            raise OpenAIError(f"the replica {replica.url} dropped its answer: {type(error).__name__}", status=502,
-                              type="InferenceServerError") from error
-        return Response(content, status_code=response.status_code, headers=headers)
+        except AnswerDropped as error:
+            raise OpenAIError(f"the replica {replica.url} {error}", status=502, type="InferenceServerError") from error
+        return Response(content, status_code=response.status, headers=headers)
 
     # the relayed routes are plain Starlette routes: FastAPI's dependency solving costs ~0.2 ms a request
     for path, method in (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/models", "GET")):

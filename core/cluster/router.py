@@ -34,9 +34,9 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import httpx
 
 from ..errors import InferenceServerError, NoHealthyReplicaError
-from ..http_pool import ShardedTransport
 from ..timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
 from .pool import Replica, ReplicaPool
+from .upstream import AnswerDropped, Unreachable, Upstream, UpstreamTimeout
 from ..inference._http import KEEP_ALIVE_S  # noqa: F401 - re-exported: the router's idle-connection time
 
 log = logging.getLogger("tracerl.router")
@@ -121,9 +121,7 @@ class Router:
         self.api_key = api_key
         self.base_url = ""
         self._http: Any = None  # BackgroundUvicorn
-        self._clients: dict[str, httpx.AsyncClient] = {}
-        self._urls: dict[tuple[str, str], httpx.URL] = {}
-        self._tls_context: Any = None
+        self.upstream = Upstream(request_timeout=self.request_timeout, connect_timeout=self.connect_timeout)
         self._health_task: Any = None
 
     # --- InferenceServer -------------------------------------------------------------
@@ -158,6 +156,7 @@ class Router:
             await server.serve(sockets=[sock])
         finally:
             health.cancel()
+            await self.upstream.close()
 
     async def load_adapter(self, name: str, path: str) -> None:
         """Hot-load the adapter folder ``path`` as ``name`` on every replica (through the router's fan-out)."""
@@ -176,30 +175,16 @@ class Router:
             self._health_task = None
         if self._http is not None:
             loop = self._http.loop
-            if self._clients and loop is not None and loop.is_running():
-                clients = list(self._clients.values())
-                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_close_all(clients), loop))
-            self._clients = {}
+            if loop is not None and loop.is_running():  # the session lives in the serving loop: closed there
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.upstream.close(), loop))
             await asyncio.to_thread(self._http.stop)
             self._http = None
 
     # --- forwarding ------------------------------------------------------------------
-    def client(self, replica: Replica) -> httpx.AsyncClient:
-        """``replica``'s HTTP client, created in the serving loop.
-
-        One pool per replica, not one for all, and each of them sharded: httpcore's pool does work
-        proportional to its connections on every request (see :mod:`tracerl.http_pool`)."""
-        client = self._clients.get(replica.url)
-        if client is None:
-            client = self._clients[replica.url] = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
-                transport=ShardedTransport(shards=8, verify=self._tls()),
-            )
-        return client
-
-    async def forward(self, method: str, path: str, headers: Any, content: bytes, key: str | None) -> tuple[httpx.Response, Replica]:
-        """Send one request to a replica (retrying on another when one fails before answering)."""
-        outgoing = {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
+    async def forward(self, method: str, path: str, headers: Any, content: bytes, key: str | None) -> tuple[Any, Replica]:
+        """Send one request to a replica (retrying on another when one fails before answering); return
+        the replica's answer with its status and headers read, its body not yet (:meth:`read`, :meth:`relay`)."""
+        outgoing = [(k, v) for k, v in headers.items() if k.lower() not in _HOP_BY_HOP]
         tried: list[str] = []
         last_error = ""
         for _attempt in range(self.max_attempts):
@@ -209,39 +194,23 @@ class Router:
                 if not tried:
                     raise
                 raise NoHealthyReplicaError(f"{error} (last failure: {last_error})", replicas=error.replicas) from None
-            client = self.client(replica)
-            request = client.build_request(method, self._url(replica, path), content=content, headers=outgoing)
             try:
-                response = await client.send(request, stream=True)
-            except httpx.TimeoutException as error:
-                if isinstance(error, httpx.ConnectTimeout):
-                    last_error = self._failed(replica, tried, f"connect timeout ({self.connect_timeout:g} s)")
-                    continue
+                response = await self.upstream.open(method, replica.url, path, outgoing, content)
+            except UpstreamTimeout:
                 self.pool.release(replica, error=f"no answer {within(self.request_timeout)}")
-                raise UpstreamTimeout(replica.url, self.request_timeout) from error
-            except httpx.TransportError as error:  # refused, reset, closed before the headers
-                last_error = self._failed(replica, tried, f"{type(error).__name__}: {error}")
+                raise
+            except Unreachable as error:  # refused, connect timeout, closed before the headers
+                last_error = self._failed(replica, tried, str(error))
                 continue
-            if response.status_code in _RETRYABLE_STATUS:
-                await response.aclose()
-                last_error = self._failed(replica, tried, f"answered {response.status_code}")
+            except BaseException:  # cancelled (the client left): the replica is free again
+                self.pool.release(replica)
+                raise
+            if response.status in _RETRYABLE_STATUS:
+                response.close()
+                last_error = self._failed(replica, tried, f"answered {response.status}")
                 continue
             return response, replica
         raise InferenceServerError(f"{len(tried)} replica(s) failed this request; last: {last_error}")
-
-    def _tls(self) -> Any:
-        """One TLS context for every replica's pool (building one loads the CA bundle: ~25 ms)."""
-        if self._tls_context is None:
-            self._tls_context = httpx.create_ssl_context()
-        return self._tls_context
-
-    def _url(self, replica: Replica, path: str) -> httpx.URL:
-        """``replica.url + path`` parsed once (httpx's URL parsing costs ~0.25 ms a request)."""
-        key = (replica.url, path)
-        url = self._urls.get(key)
-        if url is None:
-            url = self._urls[key] = httpx.URL(replica.url + path)
-        return url
 
     def _failed(self, replica: Replica, tried: list[str], why: str) -> str:
         log.warning("replica %s failed a request (%s): marked unhealthy, trying another", replica.url, why)
@@ -249,41 +218,40 @@ class Router:
         tried.append(replica.url)
         return f"{replica.url}: {why}"
 
-    async def relay(self, response: httpx.Response, replica: Replica) -> AsyncIterator[bytes]:
+    async def relay(self, response: Any, replica: Replica) -> AsyncIterator[bytes]:
         """The replica's answer chunk by chunk; the replica is released when it ends (or the client leaves)."""
         error = None
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in self.upstream.chunks(response):
                 yield chunk
-        except httpx.HTTPError as failure:  # the replica died mid-answer: the client sees a cut connection
-            error = f"dropped mid-answer: {type(failure).__name__}"
+        except AnswerDropped as failure:  # the replica died mid-answer: the client sees a cut connection
+            error = str(failure)
             raise
         finally:
-            await response.aclose()
+            response.release()
             self.pool.release(replica, error=error)
 
-    async def read(self, response: httpx.Response, replica: Replica) -> bytes:
-        """The replica's whole answer (not a stream); a cut answer marks the replica as :meth:`relay` does."""
+    async def read(self, response: Any, replica: Replica) -> bytes:
+        """The replica's whole answer (not a stream); a cut answer (:class:`AnswerDropped`) marks the replica as :meth:`relay` does."""
         error = None
         try:
-            return b"".join([chunk async for chunk in response.aiter_raw()])
-        except httpx.HTTPError as failure:
-            error = f"dropped mid-answer: {type(failure).__name__}"
+            return await self.upstream.body(response)
+        except AnswerDropped as failure:
+            error = str(failure)
             raise
         finally:
-            await response.aclose()
             self.pool.release(replica, error=error)
 
     async def broadcast(self, path: str, content: bytes, headers: Any) -> list[tuple[str, int, bytes]]:
         """POST to every replica (adapter loading); one failure does not stop the others."""
-        outgoing = {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
+        outgoing = [(k, v) for k, v in headers.items() if k.lower() not in _HOP_BY_HOP]
 
         async def one(replica: Replica) -> tuple[str, int, bytes]:
             try:
-                answer = await self.client(replica).post(replica.url + path, content=content, headers=outgoing)
-                return replica.url, answer.status_code, answer.content
-            except httpx.HTTPError as error:
-                return replica.url, 502, f"{type(error).__name__}: {error}".encode()
+                status, body = await self.upstream.call("POST", replica.url + path, content=content, headers=outgoing)
+                return replica.url, status, body
+            except (Unreachable, UpstreamTimeout) as error:
+                return replica.url, 502, str(error).encode()
 
         return list(await asyncio.gather(*(one(r) for r in self.pool.replicas)))
 
@@ -293,10 +261,10 @@ class Router:
 
         async def one(replica: Replica) -> None:
             try:
-                answer = await self.client(replica).get(replica.url + "/health", timeout=self.health_timeout_s)
-                ok, why = answer.status_code == 200, f"health check answered {answer.status_code}"
-            except httpx.HTTPError as error:
-                ok, why = False, f"health check failed: {type(error).__name__}"
+                status, _ = await self.upstream.call("GET", replica.url + "/health", timeout=self.health_timeout_s)
+                ok, why = status == 200, f"health check answered {status}"
+            except Unreachable as error:
+                ok, why = False, f"health check failed: {error}"
             if ok != replica.healthy:
                 log.warning("replica %s is %s", replica.url, "healthy again" if ok else f"unhealthy ({why})")
             self.pool.mark(replica, healthy=ok, error=None if ok else why)
@@ -330,18 +298,6 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
 
         return uvloop.new_event_loop
     return asyncio.new_event_loop if kind == "asyncio" else fast_event_loop
-
-
-async def _close_all(clients: list[httpx.AsyncClient]) -> None:
-    """Close the upstream clients in the loop they were created in."""
-    await asyncio.gather(*(client.aclose() for client in clients))
-
-
-class UpstreamTimeout(Exception):
-    """A replica did not answer within the router's ``request_timeout`` (answered as a 504)."""
-
-    def __init__(self, url: str, seconds: float | None) -> None:
-        super().__init__(f"the replica {url} did not answer {within(seconds)} (knob: Router(request_timeout=...))")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
