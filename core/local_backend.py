@@ -70,7 +70,7 @@ class LocalBackend:
         server_options: dict[str, Any] | None = None,
         serve_merged: bool = False,
         train_workers: int = 1,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | int = False,
     ) -> None:
         """``path``: data directory (overrides the model's ``base_path``); ``inference=None`` trains without serving.
 
@@ -84,8 +84,9 @@ class LocalBackend:
         (gloo on CPU, nccl on CUDA; ``tracerl.cluster.data_parallel``), one process's step to float tolerance.
 
         ``gradient_checkpointing=True`` recomputes activations in backward: about half the
-        trainer's peak memory for up to ~35% more step time (:class:`~tracerl.trainer.LoRATrainer`;
-        one process only for now).
+        trainer's peak memory for up to ~35% more step time; an int ``n`` checkpoints every n-th
+        decoder layer only, in between (:class:`~tracerl.trainer.LoRATrainer`; one process only
+        for now).
         """
         if inference not in (None, "auto", "vllm", "transformers"):
             raise ConfigError(f"inference must be 'auto', 'vllm', 'transformers' or None, got {inference!r}")

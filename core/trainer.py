@@ -86,7 +86,7 @@ class LoRATrainer:
         device: str | None = None,
         dtype: torch.dtype | None = None,
         logprob_chunk_size: int = 256,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | int = False,
     ) -> None:
         """``device``: default CUDA when visible, else CPU; ``dtype``: default bf16 on CUDA, fp32 elsewhere.
 
@@ -95,10 +95,12 @@ class LoRATrainer:
         of SmolLM2's 49,152 words are 50 MB a tensor, and the result does not depend on it.
 
         ``gradient_checkpointing=True`` keeps only each decoder layer's input for backward and
-        recomputes the rest: on this CPU a 1,240-token step of SmolLM2-135M (30 layers) peaks
-        at 2.35 GB of process RSS instead of 4.05 GB (6.2 s a step with it, idle machine); the
-        recompute adds a forward pass, i.e. up to ~35% step time where memory traffic does not
-        dominate.
+        recomputes the rest; an int ``n`` checkpoints every n-th layer only (the others keep their
+        activations), trading memory for less recompute.  Measured on this CPU, SmolLM2-135M (30
+        layers), a 1,510-token demo step on jemalloc (``bench/allocator_step.py``'s shape): off
+        3.3 GB peak RSS, 6.0 s; every layer 1.5 GB, 7.6 s; every 2nd 2.4 GB, 6.9 s; every 3rd
+        2.7 GB, 6.7 s.  Without transformers' ``activation_checkpointing_enable`` (< 5.x) an
+        ``n > 1`` checkpoints every layer.
 
         On CUDA the GPU's free memory is checked first (:class:`~tracerl.errors.InsufficientMemoryError`
         explains a GPU that something else already fills)."""
@@ -126,11 +128,16 @@ class LoRATrainer:
                     task_type="CAUSAL_LM",
                 )
                 self.model = get_peft_model(base, config)
-        if gradient_checkpointing:
+        every_n_layers = int(gradient_checkpointing)
+        if every_n_layers < 0:
+            raise ConfigError(f"gradient_checkpointing is a bool or a layer stride >= 1, got {gradient_checkpointing}")
+        if every_n_layers:
             # non-reentrant: LoRA's inputs need no requires_grad, and the recompute sees the same mask
             base_model = self.model.get_base_model()
             if hasattr(base_model, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns there
-                base_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                base_model.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers
+                )
             else:
                 base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.gradient_checkpointing = gradient_checkpointing

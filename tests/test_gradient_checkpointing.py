@@ -1,4 +1,4 @@
-"""Gradient checkpointing trades step time for memory and changes nothing else: same loss, same adapter."""
+"""Gradient checkpointing (every layer or every n-th) trades step time for memory and changes nothing else: same loss, same adapter."""
 
 from __future__ import annotations
 
@@ -30,10 +30,16 @@ def group_batch() -> list[TrainingSequence]:
     ]
 
 
-def one_step(smol_path, *, checkpointing: bool) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+def checkpointed_layers(trainer: LoRATrainer) -> list[bool]:
+    return [bool(layer.gradient_checkpointing) for layer in trainer.model.get_base_model().model.layers]
+
+
+def one_step(smol_path, *, checkpointing: bool | int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     torch.manual_seed(0)  # the same LoRA initialisation on both sides
     trainer = LoRATrainer(smol_path, lora=LoRASettings(r=8), device="cpu", gradient_checkpointing=checkpointing)
-    assert trainer.model.get_base_model().is_gradient_checkpointing is checkpointing  # really on (or off)
+    stride = int(checkpointing)
+    # really on (every layer, or every n-th: the others keep their activations), or off
+    assert checkpointed_layers(trainer) == [bool(stride) and i % stride == 0 for i in range(len(checkpointed_layers(trainer)))]
     sequences = group_batch()
     batches = pack_sequences(sequences, equal_trajectory_weights([s.num_trainable for s in sequences]), max_tokens=1024)
     # a lora_B of zeros has no gradient through lora_A: take a step first so the second one tests both
@@ -44,9 +50,10 @@ def one_step(smol_path, *, checkpointing: bool) -> tuple[dict[str, float], dict[
     return metrics, weights
 
 
-def test_checkpointing_gives_the_same_step(smol_path) -> None:
+@pytest.mark.parametrize("checkpointing", [True, 2])
+def test_checkpointing_gives_the_same_step(smol_path, checkpointing: bool | int) -> None:
     plain_metrics, plain = one_step(smol_path, checkpointing=False)
-    checkpointed_metrics, checkpointed = one_step(smol_path, checkpointing=True)
+    checkpointed_metrics, checkpointed = one_step(smol_path, checkpointing=checkpointing)
     assert plain_metrics["loss"] == pytest.approx(checkpointed_metrics["loss"], rel=1e-5, abs=1e-7)
     assert plain_metrics["grad_norm"] == pytest.approx(checkpointed_metrics["grad_norm"], rel=1e-4)
     assert plain.keys() == checkpointed.keys() and len(plain) > 0
