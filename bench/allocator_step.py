@@ -111,8 +111,10 @@ def worker(side: str, steps: int, folder: Path) -> dict[str, Any]:
 
 
 def run_side(side: str, steps: int, folder: Path, jemalloc: Path | None) -> dict[str, Any]:
+    from tracerl.allocator import RELAUNCHED
+
     env = dict(os.environ)
-    env["TRACERL_JEMALLOC_RELAUNCHED"] = "1"
+    env[RELAUNCHED] = "1"  # the worker picks its allocator here, not by relaunching
     env.pop("LD_PRELOAD", None)
     if SIDES[side]["jemalloc"]:
         assert jemalloc is not None

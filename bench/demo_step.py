@@ -37,6 +37,7 @@ page split between the processes mapping it) over the whole side, sampled every 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import signal
@@ -87,9 +88,7 @@ def export_commit(commit: str, into: Path) -> Path:
     src.mkdir(parents=True)
     pkg.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit], check=True, capture_output=True).stdout
-    tar_path = into / "tree.tar"
-    tar_path.write_bytes(archive)
-    with tarfile.open(tar_path) as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(src, filter="data")
     for sub in ("integrations", "ruler", "mcp_rl"):
         if (src / sub).is_dir() and not (src / "core" / sub).exists():

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Literal
 
 ENV_JEMALLOC = "TRACERL_JEMALLOC"
-_RELAUNCHED = "TRACERL_JEMALLOC_RELAUNCHED"
+RELAUNCHED = "TRACERL_JEMALLOC_RELAUNCHED"
+"""Set in the environment of a process that was relaunched (or must not relaunch)."""
 _ALL_ARENAS = 4096  # jemalloc's MALLCTL_ARENAS_ALL
 _SYSTEM_PATHS = (
     "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
@@ -60,11 +61,9 @@ def find_jemalloc() -> Path | None:
     for candidate in _SYSTEM_PATHS:
         if Path(candidate).is_file():
             return Path(candidate)
-    name = ctypes.util.find_library("jemalloc")
+    name = ctypes.util.find_library("jemalloc")  # elsewhere in the loader's cache: a soname LD_PRELOAD resolves itself
     if name:
-        for folder in ("/usr/lib", "/usr/lib64", "/usr/local/lib"):
-            for found in Path(folder).rglob(name):
-                return found
+        return Path(name)
     spec = importlib.util.find_spec("ray")  # not imported: finding the package costs nothing
     if spec is not None and spec.submodule_search_locations:
         for location in spec.submodule_search_locations:
@@ -129,13 +128,13 @@ def relaunch_with_jemalloc() -> None:
     environment), and does nothing where jemalloc is absent or ``$TRACERL_JEMALLOC=off``.
     Child processes inherit ``LD_PRELOAD`` (vLLM's processes run on it too: measured the same
     decode speed and ~0.1 GB less memory)."""
-    if os.environ.get(_RELAUNCHED) or active_allocator() == "jemalloc":
+    if os.environ.get(RELAUNCHED) or active_allocator() == "jemalloc":
         return
     library = find_jemalloc()
     if library is None:
         return
     env = dict(os.environ)
-    env[_RELAUNCHED] = "1"
+    env[RELAUNCHED] = "1"
     env["LD_PRELOAD"] = ":".join(p for p in (str(library), env.get("LD_PRELOAD", "")) if p)
     sys.stdout.flush()
     sys.stderr.flush()
