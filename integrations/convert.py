@@ -338,18 +338,22 @@ def _join_records(calls: list[ModelCall], records: Iterable[Any], tally: _ErrorT
 
 
 def _chains(calls: list[ModelCall]) -> list[list[ModelCall]]:
+    """Group calls (in time order) into conversations: a call joins the longest chain whose
+    last call's input + output its own input starts with."""
     chains: list[list[ModelCall]] = []
+    expected_of: list[list[tuple[Any, ...]]] = []  # each chain's last call's expected(), computed once
     for call in calls:
-        best: list[ModelCall] | None = None
+        best = -1
         best_length = -1
-        for chain in chains:
-            expected = chain[-1].expected()
+        for index, expected in enumerate(expected_of):
             if len(expected) > best_length and call.keys[: len(expected)] == expected:
-                best, best_length = chain, len(expected)
-        if best is None:
+                best, best_length = index, len(expected)
+        if best < 0:
             chains.append([call])
+            expected_of.append(call.expected())
         else:
-            best.append(call)
+            chains[best].append(call)
+            expected_of[best] = call.expected()
     return chains
 
 

@@ -12,6 +12,13 @@ During the call a :class:`DeferredSpan` is the current span, so spans that lower
 layers create (the OpenAI SDK under LangChain, OpenInference's instrumentors) get it
 as their parent exactly as they would the real one.  Outside a rollout nothing is
 deferred: there is no rollout end to wait for.
+
+When tracerl's processor is the only one on the provider (nothing exports, nothing else
+listens) the batch is made by :class:`CaptureOnlyTracer`: the same attributes, ids, times
+and sampling decision, handed to the processor as finished ``ReadableSpan``s without the
+SDK's live-span machinery (locks, attribute re-validation, processor fan-out) that only
+matters while a span is open to other code.  Anyone attaching a processor or exporter gets
+SDK spans again from the next batch on.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from typing import Any, Callable
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from .health import guard, record_error
@@ -70,6 +78,9 @@ def install_preset_ids(tracer: Any) -> PresetSpanIds:
     return generator
 
 
+_ATTRIBUTE_OPS = frozenset({"set_attribute", "set_attributes"})
+
+
 class DeferredSpan(trace.Span):
     """Stands in for a model-call span until it is materialised; records what is done to it.
 
@@ -89,8 +100,10 @@ class DeferredSpan(trace.Span):
             trace_state=parent_context.trace_state,
         )
         # the parent is the span current *now*: a current-span object may point elsewhere
-        # by materialisation time (a LangChain run's scope points at its parent once it ends)
-        self._parent = trace.set_span_in_context(trace.NonRecordingSpan(parent_context), parent)
+        # by materialisation time (a LangChain run's scope points at its parent once it ends);
+        # the context holding it is built at materialisation, not in the call's hot path
+        self._parent_context = parent_context
+        self._context_then = parent
         self._start = start
         self._start_ns = time.time_ns()
         self._end_ns: int | None = None
@@ -153,11 +166,20 @@ class DeferredSpan(trace.Span):
         return self._end_ns is not None
 
     # -- materialisation -----------------------------------------------------------------------
-    def materialize(self, ids: PresetSpanIds) -> None:
-        """Create the real span with this span's id and times, replay what was recorded."""
+    def materialize(self, ids: PresetSpanIds, capture_only: "CaptureOnlyTracer | None" = None) -> None:
+        """Create the real span with this span's id and times, replay what was recorded.
+
+        ``capture_only``: make it with that tracer when every recorded operation is an
+        attribute (events, status and exceptions take the SDK's own path).
+        """
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(self._parent_context), self._context_then)
+        self._context_then = None
         ids.preset(self._context.span_id)
         try:
-            real = self._start(context=self._parent, start_time=self._start_ns)
+            if capture_only is not None and all(op[0] in _ATTRIBUTE_OPS for op in self._ops):
+                real = self._start(context=parent, start_time=self._start_ns, tracer=capture_only)
+            else:
+                real = self._start(context=parent, start_time=self._start_ns)
         finally:
             ids.preset(None)
         if real.is_recording() and real.get_span_context().span_id != self._context.span_id:
@@ -201,9 +223,127 @@ class PendingSpans:
                 self._spans = [s for s in self._spans if not s.ended]
             else:
                 ready, self._spans = self._spans, []
+        capture_only = CaptureOnlyTracer.when_alone(self._ids) if ready else None
         for span in ready:
             with guard("deferred_span"):
-                span.materialize(self._ids)
+                span.materialize(self._ids, capture_only)
 
     def __len__(self) -> int:
         return len(self._spans)
+
+
+class CaptureOnlyTracer:
+    """Makes finished spans for tracerl's processor alone, when it is the provider's only one.
+
+    Same contract as the SDK tracer's ``start_span`` for what the hooks do at rollout end
+    (attributes, then ``end``): the span gets the tracer's sampling decision, the preset id,
+    the resource and instrumentation scope, the attributes as the SDK keeps them (lists as
+    tuples, ``None`` dropped), and reaches the processor's ``on_start`` / ``on_end``.  A span
+    the sampler would not record and a set of attributes past the span limits go to the SDK.
+    """
+
+    def __init__(self, tracer: Any, processor: Any) -> None:
+        self._tracer = tracer
+        self._processor = processor
+
+    @classmethod
+    def when_alone(cls, ids: PresetSpanIds) -> "CaptureOnlyTracer | None":
+        """One for tracerl's tracer if its processor is all the provider has, else None."""
+        from .processor import current_setup
+
+        tracer, processor = current_setup()
+        active = getattr(tracer, "span_processor", None)
+        if tracer is None or type(active) is not SynchronousMultiSpanProcessor or tracer.id_generator is not ids:
+            return None
+        enabled = getattr(tracer, "_is_enabled", None)
+        if enabled is not None and not enabled():
+            return None
+        if type(getattr(tracer, "_tracer_metrics", None)).__name__ not in ("NoneType", "NoOpTracerMetrics"):
+            return None  # the SDK counts spans for a meter provider: let it
+        processors = getattr(active, "_span_processors", ())
+        if len(processors) != 1 or processors[0] is not processor:
+            return None
+        limits = getattr(tracer, "_span_limits", None)
+        if limits is None or limits.max_attribute_length is not None:
+            return None
+        return cls(tracer, processor)
+
+    def start_span(
+        self,
+        name: str,
+        context: Any = None,
+        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+        attributes: Any = None,
+        links: Any = None,
+        start_time: int | None = None,
+        **_: Any,
+    ) -> Any:
+        tracer = self._tracer
+        parent = trace.get_current_span(context).get_span_context()
+        attributes = dict(attributes or {})
+        decision = None
+        if parent.is_valid and not links:
+            decision = tracer.sampler.should_sample(context, parent.trace_id, name, kind, attributes, links)
+        if decision is None or not decision.decision.is_sampled() or len(attributes) > tracer._span_limits.max_span_attributes:
+            return tracer.start_span(name, context=context, kind=kind, attributes=attributes, links=links, start_time=start_time)
+        flags = trace.TraceFlags(trace.TraceFlags.SAMPLED | (parent.trace_flags & trace.TraceFlags.RANDOM_TRACE_ID))
+        span_context = trace.SpanContext(
+            parent.trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
+            trace_flags=flags, trace_state=decision.trace_state,
+        )  # fmt: skip
+        span = _CaptureOnlySpan(self, name, span_context, parent, kind, dict(decision.attributes or attributes), start_time)
+        self._processor.on_start(span, context)
+        return span
+
+    def _finish(self, span: "_CaptureOnlySpan") -> None:
+        limit = self._tracer._span_limits.max_span_attributes
+        attributes = {k: tuple(v) if type(v) is list else v for k, v in span.attributes.items() if v is not None}
+        if len(attributes) > limit:
+            attributes = dict(list(attributes.items())[:limit])
+        self._processor.on_end(
+            ReadableSpan(
+                name=span.name, context=span.context, parent=span.parent, resource=self._tracer.resource,
+                attributes=attributes, kind=span.kind, start_time=span.start_time, end_time=span.end_time,
+                instrumentation_scope=self._tracer._instrumentation_scope,
+            )
+        )  # fmt: skip
+
+
+class _CaptureOnlySpan(trace.Span):
+    """An open span of :class:`CaptureOnlyTracer`: attributes, then ``end``; events, status and
+    exceptions never reach one (the deferred span sends those spans through the SDK)."""
+
+    def __init__(
+        self, tracer: CaptureOnlyTracer, name: str, context: trace.SpanContext, parent: trace.SpanContext,
+        kind: trace.SpanKind, attributes: dict[str, Any], start_time: int | None,
+    ) -> None:  # fmt: skip
+        self._owner = tracer
+        self.name, self.context, self.parent, self.kind = name, context, parent, kind
+        self.attributes = attributes
+        self.start_time = start_time or time.time_ns()
+        self.end_time: int | None = None
+
+    def get_span_context(self) -> trace.SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return self.end_time is None
+
+    def set_attributes(self, attributes: Any) -> None:
+        if self.end_time is None:
+            self.attributes.update(attributes)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self.end_time is None:
+            self.attributes[key] = value
+
+    def end(self, end_time: int | None = None) -> None:
+        if self.end_time is not None:
+            return
+        self.end_time = end_time or time.time_ns()
+        self._owner._finish(self)
+
+    def _unsupported(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("a capture-only span records attributes only")
+
+    add_event = add_link = update_name = set_status = record_exception = _unsupported

@@ -258,13 +258,14 @@ def _start_real(
     *,
     context: Any = None,
     start_time: int | None = None,
+    tracer: Any = None,
 ) -> Any:
     attributes: dict[str, Any] = {sc.OI_SPAN_KIND: kind, sc.LAYER: "langchain"}
     if metadata:
         attributes[sc.OI_METADATA] = json.dumps(metadata, default=str, ensure_ascii=False)
     if extra:
         attributes.update(extra)
-    return get_tracer().start_span(
+    return (tracer or get_tracer()).start_span(
         name, context=context, kind=trace.SpanKind.INTERNAL, attributes=attributes, start_time=start_time
     )
 

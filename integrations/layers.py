@@ -99,28 +99,39 @@ def has_model_call_child(span_id: int) -> bool:
     return span_id in _parents
 
 
-def note_start(parent: Any, span_id: int) -> None:
-    """A model-call span ``span_id`` starts while ``parent`` (a span object) is current."""
+def note_start(parent: Any, span_id: int, *, parent_is_plain: bool = False) -> None:
+    """A model-call span ``span_id`` starts while ``parent`` (a span object) is current.
+
+    ``parent_is_plain``: the caller knows the parent is no model call (a rollout's root span).
+    """
     try:
-        _remember(_model_calls, span_id, None)
         enclosing = _running_langchain_call(span_id)
-        if enclosing is not None:
-            _remember(_outer, enclosing.get_span_context().span_id, span_id)
-        if parent is None:
-            return
-        parent_id = parent.get_span_context().span_id
-        _remember(_parents, parent_id, None)
-        if isinstance(parent, DeferredSpan) or parent_id in _model_calls or _describes_model_call(parent):
-            _remember(_outer, parent_id, span_id)
+        parent_id = parent.get_span_context().span_id if parent is not None else None
+        outer = parent_id is not None and not parent_is_plain and (
+            isinstance(parent, DeferredSpan) or parent_id in _model_calls or _describes_model_call(parent)
+        )
+        with _lock:  # one acquisition for what this start teaches
+            _store(_model_calls, span_id, None)
+            if enclosing is not None:
+                _store(_outer, enclosing.get_span_context().span_id, span_id)
+            if parent_id is not None:
+                _store(_parents, parent_id, None)
+                if outer:
+                    _store(_outer, parent_id, span_id)
     except Exception as error:  # noqa: BLE001 - never raise into the hook
         record_error("layers_start", error)
 
 
 def on_start(span: Any, parent_context: Any) -> None:
-    """Processor ``on_start``: a span from any instrumentor that says it is a model call."""
+    """Processor ``on_start``: a span from any instrumentor that says it is a model call.
+
+    A span tracerl's hooks already announced (:func:`note_start` at call time, then made real
+    at rollout end by :mod:`.deferred`) is known: nothing new to learn from it.
+    """
     try:
-        if is_model_call_attributes(span.attributes):
-            note_start(trace.get_current_span(parent_context), span.get_span_context().span_id)
+        span_id = span.get_span_context().span_id
+        if span_id not in _model_calls and is_model_call_attributes(span.attributes):
+            note_start(trace.get_current_span(parent_context), span_id)
     except Exception as error:  # noqa: BLE001 - never raise into whoever starts the span
         record_error("layers_start", error)
 
@@ -131,7 +142,8 @@ def note_end(span: Any) -> None:
         if not is_model_call_attributes(getattr(span, "attributes", None)):
             return
         span_id = span.context.span_id
-        _remember(_model_calls, span_id, None)
+        if span_id not in _model_calls:
+            _remember(_model_calls, span_id, None)
         parent = span.parent
         if parent is not None and parent.span_id in _model_calls and parent.span_id not in _outer:
             _remember(_outer, parent.span_id, span_id)
@@ -170,7 +182,12 @@ def _describes_model_call(span: Any) -> bool:
 
 def _remember(store: OrderedDict[int, Any], key: int, value: Any) -> None:
     with _lock:
-        store[key] = value
-        store.move_to_end(key)
-        while len(store) > _REMEMBERED:
-            store.popitem(last=False)
+        _store(store, key, value)
+
+
+def _store(store: OrderedDict[int, Any], key: int, value: Any) -> None:
+    """Remember ``key`` as the newest entry (caller holds ``_lock``); forget the oldest past the bound."""
+    store[key] = value
+    store.move_to_end(key)
+    while len(store) > _REMEMBERED:
+        store.popitem(last=False)

@@ -59,14 +59,14 @@ class _Call:
     __slots__ = ("target", "kwargs", "timeout", "knob", "nested", "_mark")
 
     def __init__(self, target: Any, kwargs: dict[str, Any], timeout: Any, knob: str) -> None:
-        self.target, self.kwargs, self.timeout, self.knob = str(target), kwargs, timeout, knob
+        self.target, self.kwargs, self.timeout, self.knob = target, kwargs, timeout, knob  # str() when it fails
         self.nested = _in_model_call.get()
         self._mark = _in_model_call.set(True)
         if not self.nested:
             faults.note_start("model", self.key)
 
     def key(self) -> int:
-        return faults.call_key(self.target, self.kwargs.get("model"), self.kwargs.get("messages"))
+        return faults.call_key(str(self.target), self.kwargs.get("model"), self.kwargs.get("messages"))
 
     def returned(self) -> None:
         with guard("model_call_mark"):
@@ -74,7 +74,7 @@ class _Call:
 
     def failed(self, error: BaseException) -> None:
         if not self.nested:
-            faults.note_failure("model", self.target, error, self.key, timeout=self.timeout, knob=self.knob)
+            faults.note_failure("model", str(self.target), error, self.key, timeout=self.timeout, knob=self.knob)
 
     def ended(self, error: BaseException | None = None) -> None:
         if error is not None:

@@ -163,8 +163,13 @@ def redact_trajectory(trajectory: Trajectory) -> Trajectory:
     """
     for history in (trajectory, *trajectory.additional_histories):
         _redact_history(history)
-    trajectory.metadata = redact(trajectory.metadata)
-    trajectory.logs = [redact_text(line) for line in trajectory.logs]
+    # assign only what changed: every assignment to a trajectory field is validated again
+    metadata = redact(trajectory.metadata)
+    if metadata is not trajectory.metadata:
+        trajectory.metadata = metadata
+    logs = [redact_text(line) for line in trajectory.logs]
+    if any(a is not b for a, b in zip(logs, trajectory.logs)):
+        trajectory.logs = logs
     return trajectory
 
 
@@ -172,8 +177,12 @@ def _redact_history(history: History) -> None:
     items = history.messages_and_choices
     for index, item in enumerate(items):
         if isinstance(item, Choice):
-            item.message = redact(item.message)
+            message = redact(item.message)
+            if message is not item.message:
+                item.message = message
         else:
             items[index] = redact(item)
     if history.tools:
-        history.tools = redact(history.tools)
+        tools = redact(history.tools)
+        if tools is not history.tools:
+            history.tools = tools

@@ -142,6 +142,11 @@ def get_tracer() -> trace.Tracer:
     return tracer
 
 
+def current_setup() -> tuple[Any, CaptureProcessor | None]:
+    """tracerl's tracer and processor as they are now (no set-up done here)."""
+    return _tracer, _processor
+
+
 def get_span_ids() -> PresetSpanIds:
     """The id generator of tracerl's tracer (lets deferred spans keep their ids)."""
     return install_preset_ids(get_tracer())

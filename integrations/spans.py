@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from typing import Any, Iterable
@@ -36,6 +37,28 @@ def tool_definitions(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
+_TOOLS_JSON: dict[int, tuple[Any, Any, str]] = {}
+_TOOLS_JSON_ENTRIES = 16
+
+
+def _tool_definitions_json(tools: Any) -> str:
+    """``tool_definitions(tools)`` as JSON, reused while the agent passes the same, unchanged list.
+
+    An agent sends the same tool list with every call; the cache holds the list itself (so
+    its id is not reused), a deep copy to compare with (so a list changed in place is
+    serialised again) and the JSON.
+    """
+    cached = _TOOLS_JSON.get(id(tools))
+    if cached is not None and cached[0] is tools and cached[1] == tools:
+        return cached[2]
+    text = _dumps(tool_definitions(tools))
+    if isinstance(tools, list):
+        if len(_TOOLS_JSON) >= _TOOLS_JSON_ENTRIES:
+            _TOOLS_JSON.pop(next(iter(_TOOLS_JSON)), None)
+        _TOOLS_JSON[id(tools)] = (tools, copy.deepcopy(tools), text)
+    return text
+
+
 def _given(value: Any) -> bool:
     return value is not None and type(value).__name__ not in ("Omit", "NotGiven")
 
@@ -66,7 +89,8 @@ def start_chat_span(
             return pending.open(start)
 
         span = pending.inputs.open(layer, messages if messages is not None else kwargs.get("messages") or (), open_span)
-        layers.note_start(trace.get_current_span(), span.get_span_context().span_id)  # real spans: on_start
+        parent = trace.get_current_span()
+        layers.note_start(parent, span.get_span_context().span_id, parent_is_plain=parent is scope._span)  # real spans: on_start
         return span
     return _start_span(layer, kwargs, provider, base_url, token_ids_requested, messages)
 
@@ -82,6 +106,7 @@ def _start_span(
     base: tuple[int, int] | None = None,
     context: Any = None,
     start_time: int | None = None,
+    tracer: Any = None,
 ) -> Any:
     model = kwargs.get("model")
     attributes: dict[str, Any] = {
@@ -95,7 +120,7 @@ def _start_span(
         attributes[sc.REQUEST_MODEL] = str(model)
     tools = kwargs.get("tools")
     if _given(tools) and tools:
-        attributes[sc.TOOL_DEFINITIONS] = _dumps(tool_definitions(tools))
+        attributes[sc.TOOL_DEFINITIONS] = _tool_definitions_json(tools)
     temperature = kwargs.get("temperature")
     if _given(temperature) and isinstance(temperature, (int, float)):
         attributes[sc.REQUEST_TEMPERATURE] = float(temperature)
@@ -105,7 +130,7 @@ def _start_span(
         attributes[sc.STREAM] = True
     if token_ids_requested:
         attributes[sc.TOKEN_IDS_REQUESTED] = True
-    return get_tracer().start_span(
+    return (tracer or get_tracer()).start_span(
         f"chat {model}", context=context, kind=_SPAN_KIND, attributes=attributes, start_time=start_time
     )
 

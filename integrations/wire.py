@@ -21,7 +21,6 @@ import importlib.util
 import itertools
 import threading
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -33,6 +32,8 @@ GENERATION_ROUTES = ("/chat/completions", "/completions", "/responses", "/messag
 _GEMINI_SUFFIXES = (":generateContent", ":streamGenerateContent")
 MAX_URLS = 4
 """Distinct URLs a rollout remembers (for the warning's text)."""
+MAX_UNJUDGED = 1024
+"""Requests a rollout keeps unjudged before judging them (bounds memory in long rollouts)."""
 MAX_OUTSIDE = 256
 """Requests made outside every rollout that are remembered, newest kept."""
 
@@ -42,17 +43,52 @@ _sequence = itertools.count(1)
 _outside: deque[tuple[int, str]] = deque(maxlen=MAX_OUTSIDE)
 
 
-@dataclass
 class SeenRequests:
-    """The model requests one rollout made on the wire."""
+    """The model requests one rollout made on the wire.
 
-    count: int = 0
-    urls: list[str] = field(default_factory=list)
+    A request is kept as its method and URL object when it is sent and judged (is it a
+    generation route?) when :attr:`count` or :attr:`urls` is read, at rollout end: the send
+    path only appends to a deque (thread-safe), the string work runs once, in a warm batch.
+    """
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._urls: list[str] = []
+        self._sent: deque[tuple[str, Any]] = deque()
 
     def note(self, url: str) -> None:
-        self.count += 1
-        if url not in self.urls and len(self.urls) < MAX_URLS:
-            self.urls.append(url)
+        """One model request to ``url`` (already judged a generation request)."""
+        self._count += 1
+        if url not in self._urls and len(self._urls) < MAX_URLS:
+            self._urls.append(url)
+
+    def note_request(self, method: str, url: Any) -> None:
+        """A request was sent (any route); judged later.  Past :data:`MAX_UNJUDGED` they are judged now."""
+        self._sent.append((method, url))
+        if len(self._sent) > MAX_UNJUDGED:
+            self._judge()
+
+    def _judge(self) -> None:
+        sent = self._sent
+        while sent:
+            try:
+                method, url = sent.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            with guard("wire_note"):
+                text = model_request_url(method, url)
+                if text is not None:
+                    self.note(text)
+
+    @property
+    def count(self) -> int:
+        self._judge()
+        return self._count
+
+    @property
+    def urls(self) -> list[str]:
+        self._judge()
+        return self._urls
 
 
 def model_request_url(method: str, url: Any) -> str | None:
@@ -82,18 +118,30 @@ def _note(request: Any) -> None:
     with guard("wire_note"):
         if otel_context.get_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY):
             return  # tracerl's own servers forwarding a request
-        url = model_request_url(request.method, request.url)
-        if url is None:
-            return
-        from .processor import get_processor
-        from .rollout import current_rollout
-
-        rollout = current_rollout()
+        rollout = _current_rollout()
         if rollout is not None:
-            rollout.seen_requests.note(url)
-        elif get_processor().active_rollouts():
+            rollout.seen_requests.note_request(request.method, request.url)
+            return
+        url = model_request_url(request.method, request.url)
+        if url is not None and _get_processor().active_rollouts():
             with _lock:
                 _outside.append((next(_sequence), url))
+
+
+def _current_rollout() -> Any:
+    from .rollout import current_rollout  # imported here: rollout imports this module
+
+    global _current_rollout
+    _current_rollout = current_rollout
+    return current_rollout()
+
+
+def _get_processor() -> Any:
+    from .processor import get_processor
+
+    global _get_processor
+    _get_processor = get_processor
+    return get_processor()
 
 
 def _wrap_sync(original: Any) -> Any:
