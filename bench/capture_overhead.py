@@ -1,6 +1,6 @@
 """Per-call cost of capture, side by side, against a local OpenAI-compatible server.
 
-    python bench/capture_overhead.py [--calls 400] [--stream]
+    python bench/capture_overhead.py [--calls 400] [--stream] [--turns] [--json PATH]
 
 Rows: the plain ``openai`` client (no instrumentation); tracerl's capture (OpenAI hook,
 calls inside rollouts of 10 calls; inside a rollout a call only records references and
@@ -12,11 +12,16 @@ The server runs in a separate process; modes are interleaved in blocks so drift 
 machine's speed hits all of them alike.  "added" is the median minus the plain median.
 The work tracerl does at rollout end (span materialisation + trajectory) is timed apart
 and shown per call, and a last line compares totals (call path + rollout end) too.
+
+Workloads: by default every call sends the same two messages (the filed measurement); with
+``--turns`` the 10 calls of a rollout are one conversation, as an agent makes them (each call
+resends the history plus the previous answer and a new user turn), in every mode alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -25,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is the capital of France?"}]
+ROLLOUT_CALLS = 10
+ANSWER = {"role": "assistant", "content": "Paris is the capital of France; it has been since 508 AD."}
 TOOLS = [
     {
         "type": "function",
@@ -55,6 +62,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=400, help="calls per mode")
     parser.add_argument("--block", type=int, default=20, help="calls per interleaved block")
     parser.add_argument("--stream", action="store_true", help="streamed completions")
+    parser.add_argument("--turns", action="store_true", help="each rollout's calls form one growing conversation")
+    parser.add_argument("--json", type=Path, default=None, help="write the raw samples and the summary here")
     args = parser.parse_args()
 
     from openai import OpenAI
@@ -71,15 +80,31 @@ def main() -> None:
         capture_provider = TracerProvider()
         ti.configure_tracing(capture_provider)
 
+        conversation: list[dict] = []
+        turn = [0]
+
+        def next_messages() -> list[dict]:
+            """What the agent sends now: the same two messages, or (``--turns``) its growing history."""
+            if not args.turns:
+                return MESSAGES
+            if turn[0] % ROLLOUT_CALLS == 0:
+                conversation[:] = list(MESSAGES)
+            else:
+                conversation.extend([dict(ANSWER), {"role": "user", "content": f"And what about question {turn[0]}?"}])
+            turn[0] += 1
+            return conversation
+
         def call() -> tuple[float, float]:
+            messages = next_messages()
             started, cpu_started = time.perf_counter(), time.process_time()
-            result = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, stream=args.stream)
+            result = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=args.stream)
             if args.stream:
                 for _ in result:
                     pass
             return (time.perf_counter() - started) * 1e6, (time.process_time() - cpu_started) * 1e6
 
         def plain(n: int) -> list[tuple[float, float]]:
+            turn[0] = 0
             return [call() for _ in range(n)]
 
         def tracerl(n: int, token_ids: bool = False) -> list[tuple[float, float]]:
@@ -90,7 +115,8 @@ def main() -> None:
                 out: list[tuple[float, float]] = []
                 while len(out) < n:
                     scope = ti.rollout()
-                    calls = min(10, n - len(out))
+                    calls = min(ROLLOUT_CALLS, n - len(out))
+                    turn[0] = 0
                     scope.__enter__()
                     out.extend(call() for _ in range(calls))
                     started = time.perf_counter()
@@ -104,6 +130,7 @@ def main() -> None:
 
         def openinference(n: int) -> list[tuple[float, float]]:
             oi.instrument(tracer_provider=oi_provider)
+            turn[0] = 0
             try:
                 return [call() for _ in range(n)]
             finally:
@@ -128,7 +155,8 @@ def main() -> None:
             for name, fn in modes.items():
                 samples[name].extend(fn(n))
             done += n
-        print(f"{args.calls} calls per mode{' (streamed)' if args.stream else ''}, server {base_url} (separate process)")
+        shape = f"rollouts of {ROLLOUT_CALLS}-turn conversations" if args.turns else "the same two messages per call"
+        print(f"{args.calls} calls per mode{' (streamed)' if args.stream else ''}, {shape}, server {base_url} (separate process)")
         print("wall = latency seen by the agent; cpu = this process's CPU time per call (robust to a busy machine)")
         header = f"{'mode':<20}" + "".join(f"{h:>12}" for h in ("wall med µs", "wall p90", "wall added", "cpu med µs", "cpu p90", "cpu added"))
         print(header)
@@ -151,9 +179,28 @@ def main() -> None:
             f"tracerl work at rollout end (spans materialised + trajectory built): median {end_us:.0f} µs per call "
             f"(not in the rows above); every call captured: {all(captured)}"
         )
+        total = None
         if added["openinference"][1] > 0:
             total = (added["tracerl"][1] + end_us) / added["openinference"][1]
             print(f"tracerl total (cpu added + rollout-end work) / OpenInference added (cpu) = {total:.2f}")
+        if args.json is not None:
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+                        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                        "workload": shape,
+                        "stream": args.stream,
+                        "added_us": {name: {"wall": w, "cpu": c} for name, (w, c) in added.items()},
+                        "rollout_end_us_per_call": end_us,
+                        "total_ratio_cpu": total,
+                        "every_call_captured": all(captured),
+                        "samples_us": {name: [[round(w, 1), round(c, 1)] for w, c in values] for name, values in samples.items()},
+                        "rollout_end_samples_us": [round(v, 1) for v in convert_us],
+                    }
+                )
+                + "\n"
+            )
     finally:
         process.terminate()
         process.wait(timeout=10)

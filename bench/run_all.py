@@ -23,7 +23,9 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 RAW = BENCH / "raw"
 
-# name -> arguments after `python bench/<name>.py` ({raw} is bench/raw)
+# name -> arguments after `python bench/<name>.py` ({raw} is bench/raw); SCRIPTS names the
+# script where one runs twice with other arguments
+SCRIPTS = {"capture_overhead_turns": "capture_overhead"}
 BENCHMARKS: dict[str, list[str]] = {
     "ceiling": ["--json", "{raw}/ceiling_only.json"],
     "serving_speed": ["--json", "{raw}/serving_speed_results.json"],
@@ -33,7 +35,8 @@ BENCHMARKS: dict[str, list[str]] = {
     "time_to_reward": ["--seeds", "0,1,2,3,4", "--results", "{raw}/time_to_reward_results.json"],
     "demo_step": ["--steps", "4", "--json", "{raw}/demo_step_results.json"],
     "allocator_step": ["--rounds", "2", "--steps", "3", "--json", "{raw}/allocator_step_results.json"],
-    "capture_overhead": ["--calls", "1000"],
+    "capture_overhead": ["--calls", "1000", "--json", "{raw}/capture_overhead_results.json"],
+    "capture_overhead_turns": ["--calls", "1000", "--turns", "--json", "{raw}/capture_overhead_turns_results.json"],
     "capture_memory": [],
     "langgraph_overhead": [],
 }  # fmt: skip
@@ -43,7 +46,8 @@ def run_one(name: str, arguments: list[str]) -> dict[str, object]:
     sys.path.insert(0, str(BENCH))
     from ceiling import measure_ceiling
 
-    command = [sys.executable, str(BENCH / f"{name}.py"), *(a.format(raw=RAW) for a in arguments)]
+    script = SCRIPTS.get(name, name)
+    command = [sys.executable, str(BENCH / f"{script}.py"), *(a.format(raw=RAW) for a in arguments)]
     ceiling = measure_ceiling()
     started = time.monotonic()
     print(f"== {name}: {' '.join(command)}", flush=True)
@@ -71,7 +75,7 @@ def main() -> None:
         raise SystemExit(f"unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")
     if args.list:
         for name in wanted:
-            print(f"{name}: bench/{name}.py {' '.join(BENCHMARKS[name])}")
+            print(f"{name}: bench/{SCRIPTS.get(name, name)}.py {' '.join(BENCHMARKS[name])}")
         return
     RAW.mkdir(exist_ok=True)
     failed = []

@@ -19,7 +19,7 @@ from tracerl.integrations.importers import ImportSummary, LangfuseReader, TraceS
 
 pytest.importorskip("langgraph")
 pytest.importorskip("langfuse")
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+session_loop = pytest.mark.asyncio(loop_scope="session")  # on the async tests only: a mark on sync ones warns
 KEYS = {"public_key": "pk-lf-import", "secret_key": "sk-lf-import"}
 QUESTIONS = ["add two and three", "sum it up", "what is the total", "once more"]
 
@@ -53,6 +53,7 @@ def recorded_by_langfuse(server):
         yield lf, run_all, client
 
 
+@session_loop
 async def test_langfuse_sdk_traces_come_back_as_captured(server, recorded_by_langfuse):
     lf, run_all, client = recorded_by_langfuse
     await run_all()
@@ -86,6 +87,7 @@ async def test_langfuse_sdk_traces_come_back_as_captured(server, recorded_by_lan
     assert sorted(imported[0].metadata["tags"]) == ["prod", "q0"]
 
 
+@session_loop
 async def test_filters_reach_the_api_and_pick_the_traces(recorded_by_langfuse):
     lf, run_all, client = recorded_by_langfuse
     if len(lf.trace_objects()) < len(QUESTIONS):
@@ -109,6 +111,7 @@ async def test_filters_reach_the_api_and_pick_the_traces(recorded_by_langfuse):
     assert any(q.get("name") == "no such trace" for q in sent)
 
 
+@session_loop
 async def test_tracerl_exported_traces_come_back_exactly(server):
     """export_to_langfuse -> Langfuse's ingestion mapping -> public API -> the same trajectories."""
     with LangfuseAPIServer(**KEYS) as lf:
@@ -132,6 +135,7 @@ async def test_tracerl_exported_traces_come_back_exactly(server):
         assert back.metadata["task"] == live.metadata["task"]
 
 
+@session_loop
 async def test_an_older_server_without_v2_observations_is_read_page_by_page(server):
     with LangfuseAPIServer(v2=False, **KEYS) as lf:
         exporter = ti.export_to_langfuse(lf.url, **KEYS)

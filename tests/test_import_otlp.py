@@ -23,7 +23,7 @@ from tracerl.integrations import importers
 from tracerl.integrations.importers import ImportSummary, TraceImportError, import_otlp
 
 pytest.importorskip("langgraph")
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+session_loop = pytest.mark.asyncio(loop_scope="session")  # on the async tests only: a mark on sync ones warns
 TESTS = Path(__file__).parent
 
 
@@ -111,6 +111,7 @@ async def exported_rollouts(server, collector, *runs: tuple[list[str], str], com
 
 
 # -- round trips -------------------------------------------------------------------------------------
+@session_loop
 @pytest.mark.parametrize("file_format", ["json", "proto"])
 async def test_rollouts_tracerl_exported_come_back_as_captured(file_format, server, collector, tmp_path):
     captured = await exported_rollouts(server, collector, (["add two and three", "now sum"], "langgraph"), (["look it up"], "openai"))
@@ -132,6 +133,7 @@ async def test_rollouts_tracerl_exported_come_back_as_captured(file_format, serv
         assert len(provenance["span_ids"]) >= len(back.sampled_turns())
 
 
+@session_loop
 @pytest.mark.parametrize("kind", ["langgraph", "openai"])
 async def test_openinference_traces_recorded_without_tracerl_come_back_as_captured(kind, server, collector, tmp_path):
     questions = ["add two and three", "sum it up"]
@@ -159,6 +161,7 @@ def record_without_tracerl(kind: str, server, collector, questions: list[str]) -
     )  # fmt: skip
 
 
+@session_loop
 async def test_imported_traffic_can_be_judged_by_ruler(server, collector, tmp_path):
     from ruler_judge_server import JudgeServer, by_content
 
@@ -180,6 +183,7 @@ async def test_imported_traffic_can_be_judged_by_ruler(server, collector, tmp_pa
 
 
 # -- files ---------------------------------------------------------------------------------------------
+@session_loop
 async def test_a_torn_or_malformed_file_fails_naming_where(server, collector, tmp_path):
     await exported_rollouts(server, collector, (["one", "two"], "openai"), compression="none")
     proto = collector.dump(tmp_path / "traces.pb", "proto")
@@ -198,6 +202,7 @@ async def test_a_torn_or_malformed_file_fails_naming_where(server, collector, tm
     assert isinstance(TraceImportError("x"), tracerl.TracerlError) and isinstance(TraceImportError("x"), ValueError)
 
 
+@session_loop
 async def test_jsonl_out_and_back_groups_by_session_and_task(server, collector, tmp_path):
     await exported_rollouts(server, collector, (["same task", "same task"], "openai"), (["other task"], "langgraph"))
     imported = import_otlp(collector.dump(tmp_path / "t.jsonl"))
@@ -215,6 +220,7 @@ async def test_jsonl_out_and_back_groups_by_session_and_task(server, collector, 
     assert sorted(len(g) for g in importers.read_groups(out)) == [1, 2]
 
 
+@session_loop
 async def test_cli_imports_a_file_to_trajectory_jsonl(server, collector, tmp_path):
     captured = await exported_rollouts(server, collector, (["cli task", "cli task"], "openai"))
     source = collector.dump(tmp_path / "in.pb", "proto")
