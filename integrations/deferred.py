@@ -169,14 +169,15 @@ class DeferredSpan(trace.Span):
     def materialize(self, ids: PresetSpanIds, capture_only: "CaptureOnlyTracer | None" = None) -> None:
         """Create the real span with this span's id and times, replay what was recorded.
 
-        ``capture_only``: make it with that tracer when every recorded operation is an
-        attribute (events, status and exceptions take the SDK's own path).
+        ``capture_only``: make it with that tracer when the call has ended and every recorded
+        operation is an attribute (a call still running, events, status and exceptions take
+        the SDK's own path: the span may be used after this batch).
         """
         parent = trace.set_span_in_context(trace.NonRecordingSpan(self._parent_context), self._context_then)
         self._context_then = None
         ids.preset(self._context.span_id)
         try:
-            if capture_only is not None and all(op[0] in _ATTRIBUTE_OPS for op in self._ops):
+            if capture_only is not None and self._end_ns is not None and all(op[0] in _ATTRIBUTE_OPS for op in self._ops):
                 real = self._start(context=parent, start_time=self._start_ns, tracer=capture_only)
             else:
                 real = self._start(context=parent, start_time=self._start_ns)
@@ -344,6 +345,7 @@ class _CaptureOnlySpan(trace.Span):
         self._owner._finish(self)
 
     def _unsupported(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("a capture-only span records attributes only")
+        if self.end_time is None:  # only ended calls are made this way: nothing else reaches an open one
+            raise NotImplementedError("a capture-only span records attributes only")
 
     add_event = add_link = update_name = set_status = record_exception = _unsupported

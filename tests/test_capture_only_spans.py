@@ -141,8 +141,9 @@ async def test_a_sampler_that_drops_is_obeyed(served_fake, seen):
 
 
 def test_a_span_with_events_or_status_takes_the_sdk_path(own_provider):
-    """Anything but attributes recorded on a deferred span: the SDK makes it (exception events, status)."""
+    """Anything but attributes recorded on a deferred span, or a call not ended yet: the SDK makes it."""
     calls: list[object] = []
+    errors_before = sum(ti.capture_error_counts().values())
 
     def start(*, context=None, start_time=None, tracer=None):
         calls.append(tracer)
@@ -156,7 +157,11 @@ def test_a_span_with_events_or_status_takes_the_sdk_path(own_provider):
         failed = pending.open(start)
         failed.record_exception(ValueError("boom"))
         failed.end()
+        running = pending.open(start)  # a call still running at materialisation (a stream not read yet)
         pending.materialize()
+        running.record_exception(ValueError("the stream broke later"))  # reaches an SDK span
+        running.end()
     assert isinstance(calls[0], deferred.CaptureOnlyTracer)
-    assert calls[1] is None
+    assert calls[1] is None and calls[2] is None
     assert r.trajectory is not None
+    assert sum(ti.capture_error_counts().values()) == errors_before  # nothing failed inside capture
