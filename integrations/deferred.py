@@ -32,6 +32,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
 from .health import guard, record_error
 from .input_delta import InputHistory
@@ -246,6 +247,11 @@ class CaptureOnlyTracer:
     def __init__(self, tracer: Any, processor: Any) -> None:
         self._tracer = tracer
         self._processor = processor
+        sampler = tracer.sampler
+        self._samples_under_sampled_parents = (
+            isinstance(sampler, ParentBased) and getattr(sampler, "_local_parent_sampled", None) is ALWAYS_ON
+        )
+        """The SDK's default sampler: a child of a sampled local parent is sampled, attributes unchanged."""
 
     @classmethod
     def when_alone(cls, ids: PresetSpanIds) -> "CaptureOnlyTracer | None":
@@ -282,17 +288,22 @@ class CaptureOnlyTracer:
         tracer = self._tracer
         parent = trace.get_current_span(context).get_span_context()
         attributes = dict(attributes or {})
-        decision = None
+        sampled, trace_state = False, None
         if parent.is_valid and not links:
-            decision = tracer.sampler.should_sample(context, parent.trace_id, name, kind, attributes, links)
-        if decision is None or not decision.decision.is_sampled() or len(attributes) > tracer._span_limits.max_span_attributes:
+            if self._samples_under_sampled_parents and parent.trace_flags.sampled and not parent.is_remote:
+                sampled, trace_state = True, parent.trace_state  # what ParentBased(ALWAYS_ON) answers
+            else:
+                decision = tracer.sampler.should_sample(context, parent.trace_id, name, kind, attributes, links)
+                sampled, trace_state = decision.decision.is_sampled(), decision.trace_state
+                attributes = dict(decision.attributes or attributes)
+        if not sampled or len(attributes) > tracer._span_limits.max_span_attributes:
             return tracer.start_span(name, context=context, kind=kind, attributes=attributes, links=links, start_time=start_time)
         flags = trace.TraceFlags(trace.TraceFlags.SAMPLED | (parent.trace_flags & trace.TraceFlags.RANDOM_TRACE_ID))
         span_context = trace.SpanContext(
             parent.trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
-            trace_flags=flags, trace_state=decision.trace_state,
+            trace_flags=flags, trace_state=trace_state,
         )  # fmt: skip
-        span = _CaptureOnlySpan(self, name, span_context, parent, kind, dict(decision.attributes or attributes), start_time)
+        span = _CaptureOnlySpan(self, name, span_context, parent, kind, attributes, start_time)
         self._processor.on_start(span, context)
         return span
 

@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, Sampler, SamplingResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
 
 import tracerl.integrations as ti
 from tracerl.integrations import deferred, processor
@@ -126,10 +126,11 @@ class _DropChat(Sampler):
         return "DropChat"
 
 
-async def test_a_sampler_that_drops_is_obeyed(served_fake, seen):
+@pytest.mark.parametrize("sampler", [_DropChat(), ParentBased(ALWAYS_ON, local_parent_sampled=_DropChat())], ids=["own", "parent_based"])
+async def test_a_sampler_that_drops_is_obeyed(served_fake, seen, sampler):
     spans, capture_only = seen
     previous = ti.get_tracer_provider()
-    ti.configure_tracing(TracerProvider(sampler=_DropChat()))
+    ti.configure_tracing(TracerProvider(sampler=sampler))
     try:
         client = AsyncOpenAI(base_url=served_fake.base_url, api_key="x", max_retries=0)
         trajectory = await _run(client, "dropped")
