@@ -26,7 +26,7 @@ from tracerl.integrations.messages import to_semconv_list
 from tracerl.integrations.outbound import OutboundSpanExporter
 from tracerl.integrations.processor import get_tracer_provider
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+session_loop = pytest.mark.asyncio(loop_scope="session")  # on the async tests only: a mark on sync ones warns
 
 
 class Collect(SpanProcessor):
@@ -81,6 +81,7 @@ def _chats(spans: list[Any], trace_id: str) -> list[Any]:
     return [s for s in spans if f"{s.context.trace_id:032x}" == trace_id and s.name.startswith("chat ")]
 
 
+@session_loop
 async def test_chat_spans_store_each_turn_once(client, collect):
     inputs: list[str] = []
     async with ti.rollout() as r:
@@ -107,6 +108,7 @@ async def _held_by_capture(client: Any, turns: int) -> int:
     return (held - start) + (peak - held)
 
 
+@session_loop
 async def test_capture_memory_grows_linearly_with_the_turns(client, server, monkeypatch):
     for name in ("requests", "responses"):  # the test server in this process would keep every request body
         monkeypatch.setattr(server, name, collections.deque(maxlen=1))
@@ -119,6 +121,7 @@ async def test_capture_memory_grows_linearly_with_the_turns(client, server, monk
     assert long / short < 2.8, (short, long)  # linear: ~2; a square law: ~4
 
 
+@session_loop
 async def test_conversion_and_export_rebuild_the_full_inputs_exactly(client, collect):
     """Two conversations interleaved in one rollout, plus a tool loop: deltas pick the right base;
     the converter and the exporter both rebuild exactly the inputs a whole-input span held."""
@@ -146,6 +149,7 @@ async def test_conversion_and_export_rebuild_the_full_inputs_exactly(client, col
     assert [h.messages() for h in from_deltas.histories()] == [h.messages() for h in r.trajectory.histories()]
 
 
+@session_loop
 async def test_a_missing_base_is_counted_and_the_rest_is_kept(client, collect):
     async with ti.rollout() as r:
         await chat_agent(client, 3)
@@ -160,6 +164,7 @@ async def test_a_missing_base_is_counted_and_the_rest_is_kept(client, collect):
     assert sc.INPUT_BASE_SPAN_ID in second.attributes  # left as a delta, marked as one
 
 
+@session_loop
 async def test_export_memory_is_bounded(client, collect):
     async with ti.rollout() as r:
         await chat_agent(client, 12, chars=1000)

@@ -27,7 +27,7 @@ import tracerl.integrations as ti
 from tracerl.integrations.importers import import_langfuse, import_otlp
 
 pytest.importorskip("langgraph")
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+session_loop = pytest.mark.asyncio(loop_scope="session")  # on the async tests only: a mark on sync ones warns
 KEYS = {"public_key": "pk-lf-ids", "secret_key": "sk-lf-ids"}
 API_IDS = {
     "uuid": lambda hex_id: str(uuid.uuid5(uuid.NAMESPACE_URL, hex_id)),  # Langfuse SDK v2
@@ -44,6 +44,7 @@ def server():
         ti.unregister_endpoint(srv.base_url)
 
 
+@session_loop
 @pytest.mark.parametrize("style", sorted(API_IDS))
 async def test_langfuse_traces_with_non_hex_ids_are_imported_by_the_cli_and_the_api(style, server, tmp_path):
     with LangfuseAPIServer(api_ids=API_IDS[style], **KEYS) as lf:
@@ -100,6 +101,7 @@ SPELLINGS = {
 }
 
 
+@session_loop
 @pytest.mark.parametrize("spelling", sorted(SPELLINGS))
 async def test_otlp_json_ids_in_hex_or_base64_give_the_same_trajectories(spelling, server, tmp_path):
     with OTLPCollector() as collector:
