@@ -94,7 +94,7 @@ _NAMED_VALUE = (
 _NAMED_LOWER = re.compile(_NAMED_VALUE)
 _NAMED_ANY_CASE = re.compile(_NAMED_VALUE, re.IGNORECASE)
 _NAME_AT_END = re.compile(rf"(?i:{_NAME})$")
-_ALL_TRIGGERS = tuple(sorted({*_NAMED_TRIGGERS, *(t for ts, _ in _RULES for t in ts)}, key=len, reverse=True))
+_ALL_TRIGGERS = tuple(sorted({*_NAMED_TRIGGERS, *(t for ts, _ in _RULES for t in ts)}))
 """Every rule's trigger: text containing none of them (lower-cased) needs no rule run."""
 
 
