@@ -115,6 +115,13 @@ _secrets: dict[str, None] = {}  # insertion-ordered set
 _secrets_by_length: tuple[str, ...] = ()
 _patterns: list[re.Pattern[str]] = []
 _environment_scanned = False
+_recent: dict[str, str | None] = {}
+"""Recently redacted texts -> their redacted form (None: clean).  An agent's texts recur (the system
+prompt, tool descriptions, a task's prompt in every rollout of its group), and each costs a scan
+for every secret and trigger; emptied whenever a secret or pattern is registered."""
+RECENT_TEXTS = 4096
+RECENT_TEXT_LENGTH = 4096
+"""Only texts up to this length are remembered (at most ~16 MB held)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -147,6 +154,7 @@ def register_secret(*values: str | None) -> None:
         while len(_secrets) > MAX_REGISTERED:
             del _secrets[next(iter(_secrets))]
         _secrets_by_length = tuple(sorted(_secrets, key=len, reverse=True))  # longest first: no partial leftovers
+        _recent.clear()
 
 
 def register_pattern(pattern: str | re.Pattern[str]) -> None:
@@ -157,6 +165,7 @@ def register_pattern(pattern: str | re.Pattern[str]) -> None:
     with _lock:
         if compiled not in _patterns and len(_patterns) < MAX_REGISTERED:
             _patterns.append(compiled)
+            _recent.clear()
 
 
 def scan_environment(environ: Any = None) -> None:
@@ -208,6 +217,10 @@ def redact_text(text: str) -> str:
         return text  # nothing that short is a key (ids, roles, numbers: most strings of a trajectory)
     if not _environment_scanned:
         scan_environment()
+    known = _recent.get(text, text)
+    if known is not text:
+        return text if known is None else known
+    original = text
     for secret in _secrets_by_length:
         if secret in text:
             text = text.replace(secret, REDACTED)
@@ -216,7 +229,14 @@ def redact_text(text: str) -> str:
         text = _redact_rules(text, lower)
     for pattern in _patterns:
         text = pattern.sub(REDACTED, text)
-    return text
+    if len(original) <= RECENT_TEXT_LENGTH:
+        if len(_recent) >= RECENT_TEXTS:
+            try:
+                del _recent[next(iter(_recent))]  # the oldest
+            except (RuntimeError, StopIteration, KeyError):  # another thread changed it meanwhile
+                pass
+        _recent[original] = None if text == original else text
+    return original if text == original else text
 
 
 def _redact_rules(text: str, lower: str) -> str:
@@ -230,27 +250,51 @@ def _redact_rules(text: str, lower: str) -> str:
     return text
 
 
+_PLAIN = frozenset({int, float, bool, type(None)})
+
+
+def _untouched(item: Any) -> bool:
+    """Whether ``item`` is certainly left as it is (numbers, None, strings too short to be a key)."""
+    kind = item.__class__
+    return kind in _PLAIN or (kind is str and len(item) < MIN_SECRET_LENGTH and not _patterns)
+
+
 def redact(value: Any, _depth: int = 0) -> Any:
     """A copy of ``value`` (dicts, lists, tuples, strings; other values as they are) with credentials
     redacted: values under sensitive keys, and matches in every string.  Unchanged parts are shared,
-    and an unchanged value is returned as the same object."""
+    and an unchanged value is returned as the same object (copied only where something changed:
+    a trajectory is redacted at every rollout end and is nearly always clean)."""
     if isinstance(value, str):
         return redact_text(value)
     if _depth > 64:
         return value
     if isinstance(value, dict):
-        out = {}
-        changed = False
+        out: dict[Any, Any] | None = None
         for key, item in value.items():
-            new = REDACTED if is_sensitive_key(key) and item not in (None, "") else redact(item, _depth + 1)
-            changed = changed or new is not item
-            out[key] = new
-        return out if changed else value
+            if is_sensitive_key(key) and item not in (None, ""):
+                new = REDACTED
+            elif _untouched(item):
+                continue
+            else:
+                new = redact(item, _depth + 1)
+            if new is not item:
+                if out is None:
+                    out = dict(value)
+                out[key] = new
+        return value if out is None else out
     if isinstance(value, (list, tuple)):
-        items = [redact(item, _depth + 1) for item in value]
-        if all(a is b for a, b in zip(items, value)):
+        copy: list[Any] | None = None
+        for index, item in enumerate(value):
+            if _untouched(item):
+                continue
+            new = redact(item, _depth + 1)
+            if new is not item:
+                if copy is None:
+                    copy = list(value)
+                copy[index] = new
+        if copy is None:
             return value
-        return items if isinstance(value, list) else tuple(items)
+        return copy if isinstance(value, list) else tuple(copy)
     return value
 
 

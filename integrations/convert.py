@@ -149,13 +149,13 @@ def _model_call(span: Any, attributes: Mapping[str, Any]) -> ModelCall | None:
     if operation in sc.LLM_OPERATIONS and sc.OUTPUT_MESSAGES in attributes:
         layer = attributes.get(sc.LAYER) or "genai"
         priority = _LAYER_PRIORITY.get(layer, _GENAI_PRIORITY)
-        inputs = [from_semconv(m) for m in _json(attributes.get(sc.INPUT_MESSAGES), [])]
-        outputs = _json(attributes[sc.OUTPUT_MESSAGES], [])
+        inputs = [from_semconv(m) for m in attribute_value(attributes.get(sc.INPUT_MESSAGES), [])]
+        outputs = attribute_value(attributes[sc.OUTPUT_MESSAGES], [])
         if not outputs:
             return None
         output = from_semconv(outputs[0])
         finish = outputs[0].get("finish_reason")
-        tools = [_tool_schema(t) for t in _json(attributes.get(sc.TOOL_DEFINITIONS), [])] or None
+        tools = [_tool_schema(t) for t in attribute_value(attributes.get(sc.TOOL_DEFINITIONS), [])] or None
         model = attributes.get(sc.RESPONSE_MODEL) or attributes.get(sc.REQUEST_MODEL)
         response_id = attributes.get(sc.RESPONSE_ID)
         usage = (int(attributes.get(sc.USAGE_INPUT_TOKENS) or 0), int(attributes.get(sc.USAGE_OUTPUT_TOKENS) or 0))
@@ -206,10 +206,12 @@ def _tool_run(span: Any, attributes: Mapping[str, Any]) -> ToolRun | None:
     )
 
 
-def _json(value: Any, default: Any) -> Any:
+def attribute_value(value: Any, default: Any) -> Any:
+    """A JSON-valued attribute, parsed; capture-only spans hold the value itself (``deferred.py``)."""
     if value is None:
         return default
     return json.loads(value) if isinstance(value, str) else value
+
 
 
 def _tool_schema(tool: Mapping[str, Any]) -> dict[str, Any]:

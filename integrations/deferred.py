@@ -33,6 +33,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.trace.status import Status, StatusCode
 
 from .health import guard, record_error
 from .input_delta import InputHistory
@@ -80,6 +81,7 @@ def install_preset_ids(tracer: Any) -> PresetSpanIds:
 
 
 _ATTRIBUTE_OPS = frozenset({"set_attribute", "set_attributes"})
+_UNSET = Status(StatusCode.UNSET)
 
 
 class DeferredSpan(trace.Span):
@@ -242,7 +244,15 @@ class CaptureOnlyTracer:
     the resource and instrumentation scope, the attributes as the SDK keeps them (lists as
     tuples, ``None`` dropped), and reaches the processor's ``on_start`` / ``on_end``.  A span
     the sampler would not record and a set of attributes past the span limits go to the SDK.
+
+    Its spans may hold ``gen_ai.input.messages`` / ``gen_ai.output.messages`` as the message
+    lists themselves (:attr:`structured_attributes`), not their JSON: only the converter reads
+    them, and serialising each message to parse it back a moment later was a sixth of the
+    rollout-end work.  Readers take either form (``convert.attribute_value``).
     """
+
+    structured_attributes = True
+    """Hooks may set message attributes as lists of semconv message dicts (no JSON round trip)."""
 
     def __init__(self, tracer: Any, processor: Any) -> None:
         self._tracer = tracer
@@ -308,55 +318,65 @@ class CaptureOnlyTracer:
         return span
 
     def _finish(self, span: "_CaptureOnlySpan") -> None:
+        """The ended span's attributes as the SDK would have kept them, then ``on_end``."""
         limit = self._tracer._span_limits.max_span_attributes
-        attributes = {k: tuple(v) if type(v) is list else v for k, v in span.attributes.items() if v is not None}
+        attributes = span._attributes
+        for key, value in list(attributes.items()):
+            if value is None:
+                del attributes[key]
+            elif type(value) is list:
+                attributes[key] = tuple(value)
         if len(attributes) > limit:
-            attributes = dict(list(attributes.items())[:limit])
-        self._processor.on_end(
-            ReadableSpan(
-                name=span.name, context=span.context, parent=span.parent, resource=self._tracer.resource,
-                attributes=attributes, kind=span.kind, start_time=span.start_time, end_time=span.end_time,
-                instrumentation_scope=self._tracer._instrumentation_scope,
-            )
-        )  # fmt: skip
+            span._attributes = dict(list(attributes.items())[:limit])
+        self._processor.on_end(span)
 
 
-class _CaptureOnlySpan(trace.Span):
-    """An open span of :class:`CaptureOnlyTracer`: attributes, then ``end``; events, status and
-    exceptions never reach one (the deferred span sends those spans through the SDK)."""
+class _CaptureOnlySpan(trace.Span, ReadableSpan):
+    """An open span of :class:`CaptureOnlyTracer` (attributes, then ``end``), and once ended the
+    finished span the processor keeps: one object, no copy.  Events, status and exceptions never
+    reach one (the deferred span sends those spans through the SDK)."""
+
+    structured_attributes = True
+    """See :attr:`CaptureOnlyTracer.structured_attributes`."""
 
     def __init__(
         self, tracer: CaptureOnlyTracer, name: str, context: trace.SpanContext, parent: trace.SpanContext,
         kind: trace.SpanKind, attributes: dict[str, Any], start_time: int | None,
     ) -> None:  # fmt: skip
+        # ReadableSpan's fields, set directly (its __init__ would build an empty Resource first)
         self._owner = tracer
-        self.name, self.context, self.parent, self.kind = name, context, parent, kind
-        self.attributes = attributes
-        self.start_time = start_time or time.time_ns()
-        self.end_time: int | None = None
+        self._name, self._context, self._parent, self._kind = name, context, parent, kind
+        self._attributes = attributes
+        self._start_time = start_time or time.time_ns()
+        self._end_time: int | None = None
+        self._events = self._links = ()
+        self._status = _UNSET
+        self._resource = tracer._tracer.resource
+        self._instrumentation_scope = tracer._tracer._instrumentation_scope
+        self._instrumentation_info = None
 
     def get_span_context(self) -> trace.SpanContext:
-        return self.context
+        return self._context
 
     def is_recording(self) -> bool:
-        return self.end_time is None
+        return self._end_time is None
 
     def set_attributes(self, attributes: Any) -> None:
-        if self.end_time is None:
-            self.attributes.update(attributes)
+        if self._end_time is None:
+            self._attributes.update(attributes)
 
     def set_attribute(self, key: str, value: Any) -> None:
-        if self.end_time is None:
-            self.attributes[key] = value
+        if self._end_time is None:
+            self._attributes[key] = value
 
     def end(self, end_time: int | None = None) -> None:
-        if self.end_time is not None:
+        if self._end_time is not None:
             return
-        self.end_time = end_time or time.time_ns()
+        self._end_time = end_time or time.time_ns()
         self._owner._finish(self)
 
     def _unsupported(self, *args: Any, **kwargs: Any) -> None:
-        if self.end_time is None:  # only ended calls are made this way: nothing else reaches an open one
+        if self._end_time is None:  # only ended calls are made this way: nothing else reaches an open one
             raise NotImplementedError("a capture-only span records attributes only")
 
     add_event = add_link = update_name = set_status = record_exception = _unsupported

@@ -59,6 +59,19 @@ def _tool_definitions_json(tools: Any) -> str:
     return text
 
 
+_last_url: tuple[Any, str] = (None, "")
+
+
+def _url_text(url: Any) -> str:
+    """``str(url)``, kept for the client's URL object (httpx rebuilds the text on every ``str``)."""
+    global _last_url
+    known, text = _last_url
+    if known is not url:
+        text = str(url)
+        _last_url = (url, text)
+    return text
+
+
 def _given(value: Any) -> bool:
     return value is not None and type(value).__name__ not in ("Omit", "NotGiven")
 
@@ -109,11 +122,12 @@ def _start_span(
     tracer: Any = None,
 ) -> Any:
     model = kwargs.get("model")
+    inputs = to_semconv_list(messages if messages is not None else kwargs.get("messages") or ())
     attributes: dict[str, Any] = {
         sc.OPERATION_NAME: sc.OP_CHAT,
         sc.PROVIDER_NAME: provider,
         sc.LAYER: layer,
-        sc.INPUT_MESSAGES: _dumps(to_semconv_list(messages if messages is not None else kwargs.get("messages") or ())),
+        sc.INPUT_MESSAGES: inputs if getattr(tracer, "structured_attributes", False) else _dumps(inputs),
         **delta_attributes(base),
     }
     if _given(model):
@@ -125,7 +139,7 @@ def _start_span(
     if _given(temperature) and isinstance(temperature, (int, float)):
         attributes[sc.REQUEST_TEMPERATURE] = float(temperature)
     if base_url is not None:
-        attributes[sc.SERVER_ADDRESS] = str(base_url)
+        attributes[sc.SERVER_ADDRESS] = _url_text(base_url)
     if kwargs.get("stream") is True:
         attributes[sc.STREAM] = True
     if token_ids_requested:
@@ -223,7 +237,9 @@ def end_chat_span(
     tokens: tuple[list[int] | None, list[int] | None, list[float] | None] | None = None,
     end_time: int | None = None,
 ) -> None:
-    attributes: dict[str, Any] = {sc.OUTPUT_MESSAGES: _dumps(outputs)}
+    attributes: dict[str, Any] = {
+        sc.OUTPUT_MESSAGES: outputs if getattr(span, "structured_attributes", False) else _dumps(outputs)
+    }
     if response_id:
         attributes[sc.RESPONSE_ID] = str(response_id)
     if model:

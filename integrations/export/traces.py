@@ -19,6 +19,7 @@ from typing import Any, Iterable
 from tracerl.types import Trajectory
 
 from .. import semconv as sc
+from ..convert import attribute_value
 
 _REMEMBERED = 10_000
 AttributeValue = str | bool | int | float
@@ -113,7 +114,7 @@ def final_answer(scope: Any, spans: Iterable[Any]) -> str | None:
     if last is None:
         return None
     try:
-        parts = json.loads(last[1])[0].get("parts") or []
+        parts = attribute_value(last[1], [])[0].get("parts") or []
     except (ValueError, IndexError, AttributeError, TypeError):
         return None
     texts = [str(p.get("content")) for p in parts if isinstance(p, dict) and p.get("type") == "text"]
