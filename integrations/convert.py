@@ -76,10 +76,11 @@ def spans_to_trajectory(
     calls: list[ModelCall] = []
     tools: list[ToolRun] = []
     mcp_tools: list[dict[str, Any]] | None = None
+    tool_lists: dict[str, list[dict[str, Any]] | None] = {}
     for span in spans:
         try:
             attributes = span.attributes or {}
-            call = _model_call(span, attributes)
+            call = _model_call(span, attributes, tool_lists)
             if call is not None:
                 calls.append(call)
                 continue
@@ -144,7 +145,11 @@ class _ErrorTally:
 
 
 # -- reading spans ---------------------------------------------------------------------------
-def _model_call(span: Any, attributes: Mapping[str, Any]) -> ModelCall | None:
+def _model_call(
+    span: Any, attributes: Mapping[str, Any], tool_lists: dict[str, list[dict[str, Any]] | None] | None = None
+) -> ModelCall | None:
+    """``tool_lists``: tool definitions already read in this rollout, by their JSON (an agent sends
+    the same list with every call; each history's ``tools`` is still a list of its own)."""
     operation = attributes.get(sc.OPERATION_NAME)
     if operation in sc.LLM_OPERATIONS and sc.OUTPUT_MESSAGES in attributes:
         layer = attributes.get(sc.LAYER) or "genai"
@@ -155,7 +160,14 @@ def _model_call(span: Any, attributes: Mapping[str, Any]) -> ModelCall | None:
             return None
         output = from_semconv(outputs[0])
         finish = outputs[0].get("finish_reason")
-        tools = [_tool_schema(t) for t in attribute_value(attributes.get(sc.TOOL_DEFINITIONS), [])] or None
+        definitions = attributes.get(sc.TOOL_DEFINITIONS)
+        if tool_lists is not None and isinstance(definitions, str) and definitions in tool_lists:
+            tools = tool_lists[definitions]
+        else:
+            tools = [_tool_schema(t) for t in attribute_value(definitions, [])] or None
+            if tool_lists is not None and isinstance(definitions, str):
+                tool_lists[definitions] = tools
+        tools = list(tools) if tools else None
         model = attributes.get(sc.RESPONSE_MODEL) or attributes.get(sc.REQUEST_MODEL)
         response_id = attributes.get(sc.RESPONSE_ID)
         usage = (int(attributes.get(sc.USAGE_INPUT_TOKENS) or 0), int(attributes.get(sc.USAGE_OUTPUT_TOKENS) or 0))

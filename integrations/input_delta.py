@@ -49,10 +49,12 @@ class InputHistory:
         with self._lock:
             recent = self._recent.setdefault(layer, [])
             base_id, prefix, base = None, 0, None
-            for span_id, snapshot in recent:
+            for span_id, snapshot in reversed(recent):  # newest first: usually the whole input but one turn
                 length = _common_prefix(snapshot, messages)
                 if length > prefix:
                     base_id, prefix, base = span_id, length, snapshot
+                    if length == len(messages):
+                        break  # nothing can share more
             tail = [dict(m) if type(m) is dict else m for m in messages[prefix:]]
             span = open_span(tail, (base_id, prefix) if base_id is not None else None)
             full = base[:prefix] + tail if base is not None else tail

@@ -139,6 +139,30 @@ def from_openinference(attributes: Mapping[str, Any], prefix: str) -> list[dict[
     return out
 
 
+_ARGUMENTS: dict[str, str] = {}
+_ARGUMENTS_ENTRIES = 1024
+
+
+def _canonical_arguments(arguments: Any) -> str:
+    """Tool-call arguments as sorted-key JSON (a call's arguments are compared as its output and
+    again in each later input that repeats it: the parse of a text is remembered)."""
+    if isinstance(arguments, str):
+        known = _ARGUMENTS.get(arguments)
+        if known is not None:
+            return known
+    try:
+        text = json.dumps(json.loads(arguments), sort_keys=True) if isinstance(arguments, str) else json.dumps(
+            arguments, sort_keys=True
+        )
+    except (TypeError, ValueError):
+        text = str(arguments).strip()
+    if isinstance(arguments, str):
+        if len(_ARGUMENTS) >= _ARGUMENTS_ENTRIES:
+            _ARGUMENTS.clear()
+        _ARGUMENTS[arguments] = text
+    return text
+
+
 def canonical(message: Mapping[str, Any]) -> tuple[Any, ...]:
     """A comparison key that survives re-serialisation by frameworks (whitespace, None vs "")."""
     content = message.get("content")
@@ -148,14 +172,7 @@ def canonical(message: Mapping[str, Any]) -> tuple[Any, ...]:
     calls = []
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
-        arguments = function.get("arguments")
-        try:
-            arguments = json.dumps(json.loads(arguments), sort_keys=True) if isinstance(arguments, str) else json.dumps(
-                arguments, sort_keys=True
-            )
-        except (TypeError, ValueError):
-            arguments = str(arguments).strip()
-        calls.append((function.get("name"), arguments))
+        calls.append((function.get("name"), _canonical_arguments(function.get("arguments"))))
     role = message.get("role")
     if role == "tool":
         return (role, message.get("tool_call_id"), text)

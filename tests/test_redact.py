@@ -91,6 +91,31 @@ def test_registered_secrets_patterns_and_environment():
     assert r.redact_text("mistral-value-123 hf-value-12345 /root-home-dir true") == f"{r.REDACTED} {r.REDACTED} /root-home-dir true"
 
 
+def test_a_text_seen_before_a_secret_is_registered_is_redacted_after_it():
+    """Redaction remembers recent texts; registering a secret or a pattern must forget them."""
+    text = "the value lately-seen-value-41 went upstream"
+    assert r.redact_text(text) is text and r.redact_text(text) is text  # clean, remembered: the same object
+    r.register_secret("lately-seen-value-41")
+    assert r.redact_text(text) == f"the value {r.REDACTED} went upstream"
+    other = "ticket LATE-778899 raised"
+    assert r.redact_text(other) is other
+    r.register_pattern(r"LATE-\d{6}")
+    assert r.redact_text(other) == f"ticket {r.REDACTED} raised"
+    dirty = "use " + SHAPED[0] + " here"
+    assert r.redact_text(dirty) == r.redact_text(dirty) == f"use {r.REDACTED} here"  # remembered redacted too
+
+
+def test_a_structure_is_copied_only_along_what_changed():
+    siblings = {"role": "system", "content": "a long and perfectly clean system prompt"}
+    value = {"messages": [siblings, {"role": "tool", "content": "key is " + SHAPED[0]}], "tools": [{"name": "lookup"}]}
+    out = r.redact(value)
+    assert out is not value and out["messages"] is not value["messages"]
+    assert out["messages"][0] is siblings and out["tools"] is value["tools"]  # clean parts are shared
+    assert out["messages"][1]["content"] == f"key is {r.REDACTED}"
+    assert value["messages"][1]["content"] == "key is " + SHAPED[0]  # the input is not changed
+    assert r.redact((1, "x", None, 2.5, True)) == (1, "x", None, 2.5, True)
+
+
 def test_tracerl_serve_and_remote_backend_register_their_token():
     from tracerl.remote_backend import RemoteBackend
     from tracerl.serve import create_app
