@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 
 import tracerl
 import tracerl.integrations as ti
+from tracerl.integrations.mcp_hook import mcp_field
 
 pytest.importorskip("mcp")
 
@@ -116,8 +117,8 @@ async def test_mcp_results_after_the_last_model_call_come_from_the_http_spans(mc
                 await session.call_tool(call.function.name, json.loads(call.function.arguments))
                 for call in response.choices[0].message.tool_calls
             ]
-    assert not getattr(results[0], "is_error", getattr(results[0], "isError", None))
-    assert getattr(results[1], "is_error", None) or getattr(results[1], "isError", None)
+    assert not mcp_field(results[0], "is_error", "isError")
+    assert mcp_field(results[1], "is_error", "isError")
     items = r.trajectory.messages_and_choices
     assert roles(items) == ["user", "assistant", "tool", "tool"]
     ids = [c["id"] for c in items[1].message["tool_calls"]]

@@ -77,7 +77,7 @@ def test_ppo_loss_hand_computed():
     # token 0: A=+1, ratio 1.2214 > 1.2 -> clipped to 1.2; token 1: ratio 1; token 2: A=-1, ratio .368 < .8:
     # -min(r*A, clip*A) = -min(-.368, -.8) = .8
     expected = (-1.2 + -1.0 + 0.8) / 3
-    assert float(out.loss) == pytest.approx(expected, rel=1e-5)
+    assert out.loss.detach().item() == pytest.approx(expected, rel=1e-5)
     assert out.clipped == 2 and out.tokens == 3
     assert out.ratio_max == pytest.approx(r[0], rel=1e-5)
     out.loss.backward()
@@ -90,7 +90,7 @@ def test_cispo_loss_hand_computed():
     out = policy_loss(new, old, adv, w, loss_fn="cispo", epsilon=0.1, epsilon_high=0.1)
     clip = [1.1, 1.0, 0.9]  # ratios 1.2214, 1, 0.368 clipped to [0.9, 1.1]
     expected = (-clip[0] * 1 * -1.0 + -clip[1] * 1 * -0.5 + -clip[2] * -1 * -2.0) / 3
-    assert float(out.loss) == pytest.approx(expected, rel=1e-5)
+    assert out.loss.detach().item() == pytest.approx(expected, rel=1e-5)
     out.loss.backward()
     # gradient flows through every trained token: d/dℓ = -sg(clip)·A / N
     assert new.grad[0].tolist() == pytest.approx([-1.1 / 3, -1.0 / 3, 0.9 / 3, 0.0], abs=1e-6)
@@ -102,7 +102,7 @@ def test_sequence_level_ratio_uses_mean_log_ratio():
     seq_ratio = math.exp((0.2 + 0.0 - 1.0) / 3)
     assert out.ratio_max == pytest.approx(seq_ratio, rel=1e-5)
     expected = (-seq_ratio - seq_ratio + seq_ratio) / 3
-    assert float(out.loss) == pytest.approx(expected, rel=1e-5)
+    assert out.loss.detach().item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_missing_old_logprobs_mean_ratio_one():
@@ -110,7 +110,7 @@ def test_missing_old_logprobs_mean_ratio_one():
     old = torch.full((1, 2), float("nan"))
     out = policy_loss(new, old, torch.ones(1, 2), torch.ones(1, 2), loss_fn="ppo")
     assert out.ratio_max == pytest.approx(1.0)
-    assert float(out.loss) == pytest.approx(-1.0)
+    assert out.loss.detach().item() == pytest.approx(-1.0)
 
 
 def test_kl_penalty_is_k3_estimator():
@@ -118,7 +118,7 @@ def test_kl_penalty_is_k3_estimator():
     ref = torch.tensor([[-1.5]])
     out = policy_loss(new, new.detach(), torch.zeros(1, 1), torch.ones(1, 1), loss_fn="ppo", ref_logprobs_BT=ref, kl_penalty_coef=0.5)
     d = -0.5
-    assert float(out.loss) == pytest.approx(0.5 * (math.exp(d) - d - 1))
+    assert out.loss.detach().item() == pytest.approx(0.5 * (math.exp(d) - d - 1))
 
 
 def test_normalizer_makes_micro_batches_add_up():
@@ -155,7 +155,7 @@ def test_duplicating_every_trajectory_leaves_the_loss_unchanged(lengths, seed):
         base = torch.linspace(-2, -0.1, T)
         new = base.repeat(len(rows), 1).clone().requires_grad_(True)
         out = policy_loss(new, torch.full_like(new, float("nan")), a, w, loss_fn="cispo")
-        return float(out.loss)
+        return out.loss.detach().item()
 
     assert loss_for(2) == pytest.approx(loss_for(1), rel=1e-5, abs=1e-7)
 
