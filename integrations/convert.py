@@ -146,7 +146,7 @@ class _ErrorTally:
 
 # -- reading spans ---------------------------------------------------------------------------
 def _model_call(
-    span: Any, attributes: Mapping[str, Any], tool_lists: dict[str, list[dict[str, Any]] | None] | None = None
+    span: Any, attributes: Mapping[str, Any], tool_lists: dict[str, list[dict[str, Any]] | None]
 ) -> ModelCall | None:
     """``tool_lists``: tool definitions already read in this rollout, by their JSON (an agent sends
     the same list with every call; each history's ``tools`` is still a list of its own)."""
@@ -161,11 +161,11 @@ def _model_call(
         output = from_semconv(outputs[0])
         finish = outputs[0].get("finish_reason")
         definitions = attributes.get(sc.TOOL_DEFINITIONS)
-        if tool_lists is not None and isinstance(definitions, str) and definitions in tool_lists:
+        if isinstance(definitions, str) and definitions in tool_lists:
             tools = tool_lists[definitions]
         else:
             tools = [_tool_schema(t) for t in attribute_value(definitions, [])] or None
-            if tool_lists is not None and isinstance(definitions, str):
+            if isinstance(definitions, str):
                 tool_lists[definitions] = tools
         tools = list(tools) if tools else None
         model = attributes.get(sc.RESPONSE_MODEL) or attributes.get(sc.REQUEST_MODEL)
@@ -223,7 +223,6 @@ def attribute_value(value: Any, default: Any) -> Any:
     if value is None:
         return default
     return json.loads(value) if isinstance(value, str) else value
-
 
 
 def _tool_schema(tool: Mapping[str, Any]) -> dict[str, Any]:

@@ -48,14 +48,14 @@ def result_text(result: Any) -> str:
     return "\n".join(parts)
 
 
+_MISSING = object()
+
+
 def mcp_field(obj: Any, name: str, legacy: str) -> Any:
     """MCP 2.x names fields in snake_case, 1.x in camelCase (2.x still answers to the old name, with a
     deprecation warning: it is read only where the new one does not exist)."""
     value = getattr(obj, name, _MISSING)
     return getattr(obj, legacy, None) if value is _MISSING else value
-
-
-_MISSING = object()
 
 
 def _start(name: str, method: str, attributes: dict[str, Any]) -> tuple[Any, Any]:

@@ -8,6 +8,7 @@ the model produced.  Also reads OpenInference's flattened ``llm.*_messages.N.*``
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Mapping
 
@@ -139,28 +140,22 @@ def from_openinference(attributes: Mapping[str, Any], prefix: str) -> list[dict[
     return out
 
 
-_ARGUMENTS: dict[str, str] = {}
-_ARGUMENTS_ENTRIES = 1024
-
-
 def _canonical_arguments(arguments: Any) -> str:
     """Tool-call arguments as sorted-key JSON (a call's arguments are compared as its output and
-    again in each later input that repeats it: the parse of a text is remembered)."""
-    if isinstance(arguments, str):
-        known = _ARGUMENTS.get(arguments)
-        if known is not None:
-            return known
+    again in each later input that repeats it: the form of a text is remembered)."""
+    return _canonical_argument_text(arguments) if isinstance(arguments, str) else _sorted_json(arguments)
+
+
+@functools.lru_cache(maxsize=1024)
+def _canonical_argument_text(arguments: str) -> str:
+    return _sorted_json(arguments, parse=True)
+
+
+def _sorted_json(arguments: Any, *, parse: bool = False) -> str:
     try:
-        text = json.dumps(json.loads(arguments), sort_keys=True) if isinstance(arguments, str) else json.dumps(
-            arguments, sort_keys=True
-        )
+        return json.dumps(json.loads(arguments) if parse else arguments, sort_keys=True)
     except (TypeError, ValueError):
-        text = str(arguments).strip()
-    if isinstance(arguments, str):
-        if len(_ARGUMENTS) >= _ARGUMENTS_ENTRIES:
-            _ARGUMENTS.clear()
-        _ARGUMENTS[arguments] = text
-    return text
+        return str(arguments).strip()
 
 
 def canonical(message: Mapping[str, Any]) -> tuple[Any, ...]:
