@@ -251,12 +251,26 @@ def _redact_rules(text: str, lower: str) -> str:
 
 
 _PLAIN = frozenset({int, float, bool, type(None)})
+_PLAIN_KEYS = frozenset(
+    {
+        "role", "content", "name", "type", "text", "id", "index", "tool_calls", "tool_call_id", "function",
+        "arguments", "description", "parameters", "properties", "required", "items", "enum", "title", "default",
+        "finish_reason", "refusal", "image_url", "url", "detail", "strict", "additionalProperties", "format",
+    }
+)  # fmt: skip
+"""Keys of chat messages and tool schemas: none is a credential's name (checked below), so the walk
+skips :func:`is_sensitive_key` for them (most keys of a trajectory)."""
+assert not any(_sensitive_name(key) for key in _PLAIN_KEYS)
 
 
-def _untouched(item: Any) -> bool:
-    """Whether ``item`` is certainly left as it is (numbers, None, strings too short to be a key)."""
-    kind = item.__class__
-    return kind in _PLAIN or (kind is str and len(item) < MIN_SECRET_LENGTH and not _patterns)
+def _clean_text(text: str) -> str:
+    """:func:`redact_text` for a string met in :func:`redact`, answering a remembered text inline."""
+    if len(text) < MIN_SECRET_LENGTH and not _patterns:
+        return text
+    known = _recent.get(text, text)
+    if known is text:
+        return redact_text(text)
+    return text if known is None else known
 
 
 def redact(value: Any, _depth: int = 0) -> Any:
@@ -264,16 +278,20 @@ def redact(value: Any, _depth: int = 0) -> Any:
     redacted: values under sensitive keys, and matches in every string.  Unchanged parts are shared,
     and an unchanged value is returned as the same object (copied only where something changed:
     a trajectory is redacted at every rollout end and is nearly always clean)."""
-    if isinstance(value, str):
+    kind = value.__class__
+    if kind is str:
         return redact_text(value)
-    if _depth > 64:
+    if _depth > 64 or kind in _PLAIN:
         return value
     if isinstance(value, dict):
         out: dict[Any, Any] | None = None
         for key, item in value.items():
-            if is_sensitive_key(key) and item not in (None, ""):
+            item_kind = item.__class__
+            if key not in _PLAIN_KEYS and is_sensitive_key(key) and item not in (None, ""):
                 new = REDACTED
-            elif _untouched(item):
+            elif item_kind is str:
+                new = _clean_text(item)
+            elif item_kind in _PLAIN:
                 continue
             else:
                 new = redact(item, _depth + 1)
@@ -285,9 +303,13 @@ def redact(value: Any, _depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         copy: list[Any] | None = None
         for index, item in enumerate(value):
-            if _untouched(item):
+            item_kind = item.__class__
+            if item_kind is str:
+                new = _clean_text(item)
+            elif item_kind in _PLAIN:
                 continue
-            new = redact(item, _depth + 1)
+            else:
+                new = redact(item, _depth + 1)
             if new is not item:
                 if copy is None:
                     copy = list(value)
@@ -295,6 +317,8 @@ def redact(value: Any, _depth: int = 0) -> Any:
         if copy is None:
             return value
         return copy if isinstance(value, list) else tuple(copy)
+    if isinstance(value, str):  # a str subclass
+        return redact_text(value)
     return value
 
 

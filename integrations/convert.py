@@ -26,8 +26,9 @@ from .health import record_error
 from .input_delta import base_of
 from .messages import canonical, from_openinference, from_semconv
 
-_LAYER_PRIORITY = {"openai": 0, "litellm": 1, "langchain": 2}
-_GENAI_PRIORITY = 3
+LAYER_PRIORITY = {"openai": 0, "litellm": 1, "langchain": 2}
+"""Which layer's record of a request is kept (closest to the wire first)."""
+GENAI_PRIORITY = 3
 _OPENINFERENCE_PRIORITY = 4
 
 
@@ -51,6 +52,8 @@ class ModelCall:
     alias_span_ids: list[int] = field(default_factory=list)
     base: tuple[int, int] | None = None
     """(span id, prefix length) while ``inputs`` holds only a delta of that earlier call's input."""
+    tool_definitions: str | None = None
+    """Tool definitions as their JSON, still to read (calls recorded without a span, ``direct_calls.py``)."""
 
     def expected(self) -> list[tuple[Any, ...]]:
         return self.keys + [canonical(self.output)]
@@ -68,15 +71,28 @@ class ToolRun:
 
 
 def spans_to_trajectory(
-    spans: Iterable[Any], records: Iterable[Any] = (), *, dropped_spans: int = 0
+    spans: Iterable[Any],
+    records: Iterable[Any] = (),
+    *,
+    dropped_spans: int = 0,
+    calls: Iterable[ModelCall] = (),
+    described_spans: int = 0,
 ) -> Trajectory:
-    """Build the trajectory of one rollout from its finished spans and token records."""
+    """Build the trajectory of one rollout from its finished spans and token records.
+
+    ``calls``: model calls recorded without a span (``direct_calls.py``), ``described_spans`` of
+    them (a call with no choices records nothing); counted as the spans they stand for.
+    """
     spans = list(spans)
     errors_before = _ErrorTally()
-    calls: list[ModelCall] = []
+    tool_lists: dict[str, list[dict[str, Any]] | None] = {}
+    calls = list(calls)
+    for call in calls:
+        if call.tool_definitions is not None:
+            call.tools = _tools(call.tool_definitions, tool_lists)
+            call.tool_definitions = None
     tools: list[ToolRun] = []
     mcp_tools: list[dict[str, Any]] | None = None
-    tool_lists: dict[str, list[dict[str, Any]] | None] = {}
     for span in spans:
         try:
             attributes = span.attributes or {}
@@ -120,7 +136,7 @@ def spans_to_trajectory(
             "capture_turns_with_token_ids": with_ids,
             "capture_turns_without_token_ids": len(unique) - with_ids,
             "capture_tool_runs": len(tools),
-            "capture_spans": len(spans),
+            "capture_spans": len(spans) + described_spans,
             "capture_spans_dropped": dropped_spans,
             "capture_errors": errors_before.count,
             "capture_input_tokens": sum(c.usage[0] for c in unique),
@@ -153,21 +169,14 @@ def _model_call(
     operation = attributes.get(sc.OPERATION_NAME)
     if operation in sc.LLM_OPERATIONS and sc.OUTPUT_MESSAGES in attributes:
         layer = attributes.get(sc.LAYER) or "genai"
-        priority = _LAYER_PRIORITY.get(layer, _GENAI_PRIORITY)
+        priority = LAYER_PRIORITY.get(layer, GENAI_PRIORITY)
         inputs = [from_semconv(m) for m in attribute_value(attributes.get(sc.INPUT_MESSAGES), [])]
         outputs = attribute_value(attributes[sc.OUTPUT_MESSAGES], [])
         if not outputs:
             return None
         output = from_semconv(outputs[0])
         finish = outputs[0].get("finish_reason")
-        definitions = attributes.get(sc.TOOL_DEFINITIONS)
-        if isinstance(definitions, str) and definitions in tool_lists:
-            tools = tool_lists[definitions]
-        else:
-            tools = [_tool_schema(t) for t in attribute_value(definitions, [])] or None
-            if isinstance(definitions, str):
-                tool_lists[definitions] = tools
-        tools = list(tools) if tools else None
+        tools = _tools(attributes.get(sc.TOOL_DEFINITIONS), tool_lists)
         model = attributes.get(sc.RESPONSE_MODEL) or attributes.get(sc.REQUEST_MODEL)
         response_id = attributes.get(sc.RESPONSE_ID)
         usage = (int(attributes.get(sc.USAGE_INPUT_TOKENS) or 0), int(attributes.get(sc.USAGE_OUTPUT_TOKENS) or 0))
@@ -201,6 +210,18 @@ def _model_call(
         keys=[canonical(m) for m in inputs],
         base=base_of(attributes) if layer != "openinference" else None,
     )
+
+
+def _tools(definitions: Any, tool_lists: dict[str, list[dict[str, Any]] | None]) -> list[dict[str, Any]] | None:
+    """A call's tool definitions (semconv, JSON or parsed) as OpenAI schemas, a list of its own;
+    a JSON text already read in this rollout is not parsed again."""
+    if isinstance(definitions, str) and definitions in tool_lists:
+        tools = tool_lists[definitions]
+    else:
+        tools = [_tool_schema(t) for t in attribute_value(definitions, [])] or None
+        if isinstance(definitions, str):
+            tool_lists[definitions] = tools
+    return list(tools) if tools else None
 
 
 def _tool_run(span: Any, attributes: Mapping[str, Any]) -> ToolRun | None:
@@ -335,7 +356,7 @@ def _join_records(calls: list[ModelCall], records: Iterable[Any], tally: _ErrorT
         if record.response_id:
             by_response.setdefault(record.response_id, record)
     for call in calls:
-        record = by_span.get(call.span_id)
+        record = call.record or by_span.get(call.span_id)  # set already when recorded without a span
         for alias in call.alias_span_ids:
             record = record or by_span.get(alias)
         if record is None and call.response_id:

@@ -81,6 +81,8 @@ def install_preset_ids(tracer: Any) -> PresetSpanIds:
 
 
 _ATTRIBUTE_OPS = frozenset({"set_attribute", "set_attributes"})
+MAKE_SPAN: Any = object()
+"""What a deferred span's ``describe`` returns when its call needs a real span after all."""
 _UNSET = Status(StatusCode.UNSET)
 
 
@@ -91,9 +93,13 @@ class DeferredSpan(trace.Span):
     operations on this object are replayed on it in order; :meth:`defer` queues work
     that needs the real span (building the output attributes) for that moment too.
     After materialisation every call is forwarded to the real span.
+
+    ``describe(span_id, start_ns, end_ns, deferred_finish)``, when the hook gives one, makes the
+    converter's record of the call instead of a span while only tracerl listens
+    (``direct_calls.py``): a ``ModelCall``, None (nothing to record) or :data:`MAKE_SPAN`.
     """
 
-    def __init__(self, start: Callable[..., Any], parent: Any) -> None:
+    def __init__(self, start: Callable[..., Any], parent: Any, describe: Callable[..., Any] | None = None) -> None:
         parent_context = trace.get_current_span(parent).get_span_context()
         self._context = trace.SpanContext(
             parent_context.trace_id,
@@ -108,6 +114,7 @@ class DeferredSpan(trace.Span):
         self._parent_context = parent_context
         self._context_then = parent
         self._start = start
+        self._describe = describe
         self._start_ns = time.time_ns()
         self._end_ns: int | None = None
         self._ops: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
@@ -176,6 +183,8 @@ class DeferredSpan(trace.Span):
         operation is an attribute (a call still running, events, status and exceptions take
         the SDK's own path: the span may be used after this batch).
         """
+        if capture_only is not None and self._describe is not None and self._describe_directly(capture_only):
+            return
         parent = trace.set_span_in_context(trace.NonRecordingSpan(self._parent_context), self._context_then)
         self._context_then = None
         ids.preset(self._context.span_id)
@@ -200,6 +209,20 @@ class DeferredSpan(trace.Span):
             real.end(self._end_ns)
 
 
+    def _describe_directly(self, capture_only: "CaptureOnlyTracer") -> bool:
+        """Hand the call's record to the processor without a span, when it can be; whether it was."""
+        finish = self._finish
+        if finish is None or self._ops or not capture_only.records_directly(self._parent_context):
+            return False
+        described = self._describe(self._context.span_id, self._start_ns, self._end_ns, finish)  # type: ignore[misc]
+        if described is MAKE_SPAN:
+            return False
+        self._finish = self._describe = self._context_then = None
+        self._real = trace.NonRecordingSpan(self._context)  # whatever comes later is dropped, as on an ended span
+        capture_only.add_call(self._context, self._parent_context, described)
+        return True
+
+
 class PendingSpans:
     """The deferred spans of one rollout (thread-safe; bounded by :data:`FLUSH_AT`)."""
 
@@ -210,8 +233,8 @@ class PendingSpans:
         self.inputs = InputHistory()
         """The recent model-call inputs, so each call's span stores only its new messages."""
 
-    def open(self, start: Callable[..., Any]) -> DeferredSpan:
-        span = DeferredSpan(start, otel_context.get_current())
+    def open(self, start: Callable[..., Any], describe: Callable[..., Any] | None = None) -> DeferredSpan:
+        span = DeferredSpan(start, otel_context.get_current(), describe)
         with self._lock:
             self._spans.append(span)
             full = len(self._spans) >= FLUSH_AT
@@ -234,6 +257,10 @@ class PendingSpans:
 
     def __len__(self) -> int:
         return len(self._spans)
+
+
+_DIRECT_ATTRIBUTE_ROOM = 32
+"""A model-call span has at most ~15 attributes: under a lower span limit the SDK's path decides."""
 
 
 class CaptureOnlyTracer:
@@ -262,6 +289,24 @@ class CaptureOnlyTracer:
             isinstance(sampler, ParentBased) and getattr(sampler, "_local_parent_sampled", None) is ALWAYS_ON
         )
         """The SDK's default sampler: a child of a sampled local parent is sampled, attributes unchanged."""
+
+    def records_directly(self, parent: trace.SpanContext) -> bool:
+        """Whether a call under ``parent`` may skip its span (``direct_calls.py``): the default
+        sampler would record it unchanged, as a child of a sampled local parent."""
+        return (
+            self._samples_under_sampled_parents
+            and parent.is_valid
+            and parent.trace_flags.sampled
+            and not parent.is_remote
+            and self._tracer._span_limits.max_span_attributes >= _DIRECT_ATTRIBUTE_ROOM
+        )
+
+    def add_call(self, context: trace.SpanContext, parent: trace.SpanContext, call: Any) -> None:
+        """A call recorded without a span reaches the rollout's buffer (None: a span with no call)."""
+        from . import layers
+
+        layers.note_model_call_end(context.span_id, parent)
+        self._processor.add_call(context.trace_id, call)
 
     @classmethod
     def when_alone(cls, ids: PresetSpanIds) -> "CaptureOnlyTracer | None":

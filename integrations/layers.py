@@ -141,14 +141,17 @@ def note_end(span: Any) -> None:
     try:
         if not is_model_call_attributes(getattr(span, "attributes", None)):
             return
-        span_id = span.context.span_id
-        if span_id not in _model_calls:
-            _remember(_model_calls, span_id, None)
-        parent = span.parent
-        if parent is not None and parent.span_id in _model_calls and parent.span_id not in _outer:
-            _remember(_outer, parent.span_id, span_id)
+        note_model_call_end(span.context.span_id, span.parent)
     except Exception as error:  # noqa: BLE001 - never raise into whoever ends the span
         record_error("layers_end", error)
+
+
+def note_model_call_end(span_id: int, parent: Any) -> None:
+    """A model call ``span_id`` ended under ``parent`` (a span context or None): see :func:`note_end`."""
+    if span_id not in _model_calls:
+        _remember(_model_calls, span_id, None)
+    if parent is not None and parent.span_id in _model_calls and parent.span_id not in _outer:
+        _remember(_outer, parent.span_id, span_id)
 
 
 def note_langchain_twin(run_id: UUID, ours: Any) -> None:

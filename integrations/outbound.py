@@ -161,8 +161,9 @@ def redact_trajectory(trajectory: Trajectory) -> Trajectory:
     result, an error echoed back) are never trained on, stored by ``model.log`` or sent to
     ``tracerl serve``.  Token ids are kept as they are.
     """
+    tools_seen: dict[int, tuple[Any, Any]] = {}
     for history in (trajectory, *trajectory.additional_histories):
-        _redact_history(history)
+        _redact_history(history, tools_seen)
     # assign only what changed: every assignment to a trajectory field is validated again
     metadata = redact(trajectory.metadata)
     if metadata is not trajectory.metadata:
@@ -173,7 +174,9 @@ def redact_trajectory(trajectory: Trajectory) -> Trajectory:
     return trajectory
 
 
-def _redact_history(history: History) -> None:
+def _redact_history(history: History, tools_seen: dict[int, tuple[Any, Any]]) -> None:
+    """``tools_seen``: tool schemas already redacted in this trajectory, by id (the converter gives
+    every history of a rollout the same schema objects: one walk each)."""
     items = history.messages_and_choices
     for index, item in enumerate(items):
         if isinstance(item, Choice):
@@ -183,6 +186,11 @@ def _redact_history(history: History) -> None:
         else:
             items[index] = redact(item)
     if history.tools:
-        tools = redact(history.tools)
-        if tools is not history.tools:
-            history.tools = tools
+        redacted = []
+        for tool in history.tools:
+            seen = tools_seen.get(id(tool))
+            if seen is None or seen[0] is not tool:
+                seen = tools_seen[id(tool)] = (tool, redact(tool))
+            redacted.append(seen[1])
+        if any(new is not old for new, old in zip(redacted, history.tools)):
+            history.tools = redacted

@@ -9,6 +9,7 @@ hooks add and the converter joins to model-call spans by span id or response id.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,10 +46,23 @@ class RolloutBuffer:
     spans: list[ReadableSpan] = field(default_factory=list)
     records: list[TokenRecord] = field(default_factory=list)
     dropped_spans: int = 0
+    calls: list[Any] = field(default_factory=list)
+    """Model calls recorded without a span (``direct_calls.py``)."""
+    described_spans: int = 0
+    """The spans those calls stand for (counted against ``max_spans`` like spans)."""
 
     def add(self, span: ReadableSpan) -> None:
-        if len(self.spans) < self.max_spans:
+        if len(self.spans) + self.described_spans < self.max_spans:
             self.spans.append(span)
+        else:
+            self.dropped_spans += 1
+
+    def add_call(self, call: Any) -> None:
+        """``call``: a ``convert.ModelCall``, or None for a span that would have held no call."""
+        if len(self.spans) + self.described_spans < self.max_spans:
+            self.described_spans += 1
+            if call is not None:
+                self.calls.append(call)
         else:
             self.dropped_spans += 1
 
@@ -112,6 +126,15 @@ class CaptureProcessor(SpanProcessor):
         except Exception as error:  # noqa: BLE001 - never raise into whoever ends the span
             record_error("processor_on_end", error)
 
+    def add_call(self, trace_id: int, call: Any) -> None:
+        """A model call recorded without a span (``direct_calls.py``), for its rollout's buffer."""
+        try:
+            buffer = self._buffers.get(trace_id)
+            if buffer is not None:
+                buffer.add_call(call)
+        except Exception as error:  # noqa: BLE001 - as on_end
+            record_error("processor_on_end", error)
+
     def shutdown(self) -> None:
         with self._lock:
             self._buffers.clear()
@@ -125,6 +148,9 @@ _setup_lock = threading.Lock()
 _processor: CaptureProcessor | None = None
 _provider: TracerProvider | None = None
 _tracer: trace.Tracer | None = None
+_attached: "weakref.WeakSet[TracerProvider]" = weakref.WeakSet()
+"""Providers tracerl's processor was added to (the SDK has no way to take it off again; spans
+from one capture moved away from still reach their rollout by trace id)."""
 
 
 def get_processor() -> CaptureProcessor:
@@ -176,7 +202,9 @@ def configure(tracer_provider: TracerProvider | None = None) -> CaptureProcessor
         if tracer_provider is _provider and _processor is not None:
             return _processor
         processor = _processor or CaptureProcessor()
-        tracer_provider.add_span_processor(processor)
+        if tracer_provider not in _attached:  # moving back to a provider must not attach it twice
+            tracer_provider.add_span_processor(processor)  # (each span would reach a rollout twice)
+            _attached.add(tracer_provider)
         _processor = processor
         _provider = tracer_provider
         _tracer = tracer_provider.get_tracer(semconv.SCOPE, "0.1.0")

@@ -203,7 +203,13 @@ class Rollout:
 
         if buffer is None:
             return Trajectory(messages_and_choices=[], logs=["rollout was not captured (too many active rollouts)"])
-        return spans_to_trajectory(buffer.spans, buffer.records, dropped_spans=buffer.dropped_spans)
+        return spans_to_trajectory(
+            buffer.spans,
+            buffer.records,
+            dropped_spans=buffer.dropped_spans,
+            calls=buffer.calls,
+            described_spans=buffer.described_spans,
+        )
 
     def _finish(self, trajectory: Trajectory) -> None:
         trajectory.reward = self.reward  # finite: checked when it was set

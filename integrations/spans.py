@@ -5,13 +5,14 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from opentelemetry import trace
 
 from . import layers
 from . import semconv as sc
-from .deferred import DeferredSpan
+from . import direct_calls
+from .deferred import MAKE_SPAN, DeferredSpan
 from .input_delta import delta_attributes
 from .messages import _plain, to_semconv, to_semconv_list
 from .processor import TokenRecord, get_processor, get_tracer
@@ -99,7 +100,7 @@ def start_chat_span(
 
         def open_span(tail: list[Any], base: tuple[int, int] | None) -> Any:
             start = functools.partial(_start_span, layer, request, provider, base_url, token_ids_requested, tail, base=base)
-            return pending.open(start)
+            return pending.open(start, functools.partial(_describe_call, layer, request, tail, base))
 
         span = pending.inputs.open(layer, messages if messages is not None else kwargs.get("messages") or (), open_span)
         parent = trace.get_current_span()
@@ -149,6 +150,43 @@ def _start_span(
     )
 
 
+def _describe_call(
+    layer: str,
+    kwargs: dict[str, Any],
+    tail: list[Any],
+    base: tuple[int, int] | None,
+    span_id: int,
+    start_ns: int,
+    end_ns: int,
+    finish: tuple[Any, tuple[Any, ...]],
+) -> Any:
+    """The converter's record of a deferred call, made without a span (``direct_calls.py``);
+    :data:`~.deferred.MAKE_SPAN` when the call did not end with :func:`finish_chat_span`."""
+    fn, args = finish
+    if fn is not finish_chat_span:
+        return MAKE_SPAN
+    model = kwargs.get("model")
+    tools = kwargs.get("tools")
+    return direct_calls.model_call(
+        layer,
+        tail,
+        base,
+        span_id,
+        start_ns,
+        end_ns,
+        request_model=str(model) if _given(model) else None,
+        tool_definitions=_tool_definitions_json(tools) if _given(tools) and tools else None,
+        outcome=chat_outcome(args[0]),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _model_fields(kind: type) -> Any:
+    """A pydantic class's field names (pydantic 2.11 makes ``model_fields`` a computed property)."""
+    fields = getattr(kind, "model_fields", None)
+    return frozenset(fields) if fields is not None else None
+
+
 def _extra(obj: Any, name: str) -> Any:
     """A field a server added beyond the OpenAI schema (pydantic extra, dict key, attribute).
 
@@ -159,7 +197,7 @@ def _extra(obj: Any, name: str) -> Any:
         return None
     if isinstance(obj, dict):
         return obj.get(name)
-    fields = getattr(type(obj), "model_fields", None)
+    fields = _model_fields(type(obj))
     if fields is not None:
         extra = obj.model_extra or {}
         if name in extra:
@@ -185,14 +223,20 @@ def _logprob_values(logprobs: Any) -> list[float] | None:
     return [float(e["logprob"] if isinstance(e, dict) else e.logprob) for e in content]
 
 
-def finish_chat_span(span: Any, completion: Any, *, end_time: int | None = None) -> None:
-    """Record a (non-streamed) chat completion on ``span``, keep its token ids, end the span.
+class ChatOutcome(NamedTuple):
+    """What a chat completion says about its call, read once (for a span or a direct record)."""
 
-    On a deferred span this only notes the completion; the work runs at materialisation.
-    """
-    if isinstance(span, DeferredSpan):
-        span.defer(finish_chat_span, completion)
-        return
+    outputs: list[dict[str, Any]]
+    response_id: Any
+    model: Any
+    finish_reasons: list[str]
+    input_tokens: Any
+    output_tokens: Any
+    tokens: tuple[list[int] | None, list[int] | None, list[float] | None] | None
+
+
+def chat_outcome(completion: Any) -> ChatOutcome:
+    """A (non-streamed) chat completion as semconv output messages, usage and token ids."""
     choices = list(_attr(completion, "choices") or ())
     outputs = []
     finish_reasons = []
@@ -212,15 +256,35 @@ def finish_chat_span(span: Any, completion: Any, *, end_time: int | None = None)
         if token_ids is not None or prompt_ids is not None or logprobs is not None:
             record = (list(prompt_ids) if prompt_ids is not None else None, _ints(token_ids), logprobs)
     usage = _attr(completion, "usage")
+    return ChatOutcome(
+        outputs,
+        _attr(completion, "id"),
+        _attr(completion, "model"),
+        finish_reasons,
+        _attr(usage, "prompt_tokens"),
+        _attr(usage, "completion_tokens"),
+        record,
+    )
+
+
+def finish_chat_span(span: Any, completion: Any, *, end_time: int | None = None) -> None:
+    """Record a (non-streamed) chat completion on ``span``, keep its token ids, end the span.
+
+    On a deferred span this only notes the completion; the work runs at materialisation.
+    """
+    if isinstance(span, DeferredSpan):
+        span.defer(finish_chat_span, completion)
+        return
+    outcome = chat_outcome(completion)
     end_chat_span(
         span,
-        outputs,
-        response_id=_attr(completion, "id"),
-        model=_attr(completion, "model"),
-        finish_reasons=finish_reasons,
-        input_tokens=_attr(usage, "prompt_tokens"),
-        output_tokens=_attr(usage, "completion_tokens"),
-        tokens=record,
+        outcome.outputs,
+        response_id=outcome.response_id,
+        model=outcome.model,
+        finish_reasons=outcome.finish_reasons,
+        input_tokens=outcome.input_tokens,
+        output_tokens=outcome.output_tokens,
+        tokens=outcome.tokens,
         end_time=end_time,
     )
 

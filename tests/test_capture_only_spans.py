@@ -54,6 +54,8 @@ def seen(monkeypatch):
 
     monkeypatch.setattr(processor.CaptureProcessor, "on_end", record)
     monkeypatch.setattr(deferred.CaptureOnlyTracer, "_finish", record_finish)
+    # calls that need no span at all skip it (test_capture_direct_calls.py): here they make one
+    monkeypatch.setattr(deferred.CaptureOnlyTracer, "records_directly", lambda self, parent: False)
     return spans, capture_only
 
 
@@ -180,3 +182,19 @@ def test_a_span_with_events_or_status_takes_the_sdk_path(own_provider):
     assert calls[1] is None and calls[2] is None
     assert r.trajectory is not None
     assert sum(ti.capture_error_counts().values()) == errors_before  # nothing failed inside capture
+
+
+async def test_moving_capture_back_to_a_provider_does_not_attach_it_twice(served_fake):
+    """configure_tracing(A), (B), (A) again: each span still reaches its rollout once."""
+    previous = ti.get_tracer_provider()
+    first, second = TracerProvider(), TracerProvider()
+    client = AsyncOpenAI(base_url=served_fake.base_url, api_key="x", max_retries=0)
+    try:
+        for provider in (first, second, first):
+            ti.configure_tracing(provider)
+            trajectory = await _run(client, "moved")
+            assert trajectory.metrics["capture_duplicate_calls"] == 0
+            assert trajectory.metrics["capture_spans"] == trajectory.metrics["capture_model_calls"] + 1  # + the root
+        assert len(first._active_span_processor._span_processors) == 1
+    finally:
+        ti.configure_tracing(previous)

@@ -44,6 +44,7 @@ async def test_exception_in_a_hook_never_reaches_the_agent(server, monkeypatch, 
 
     monkeypatch.setattr(spans, "to_semconv_list", explode)  # request side
     monkeypatch.setattr(spans, "end_chat_span", explode)  # response side (non-stream)
+    monkeypatch.setattr(spans.direct_calls, "model_call", explode)  # the call's record made without a span
     client = AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     async with ti.rollout() as r:
         for i in range(3):

@@ -1,0 +1,78 @@
+"""A deferred model call straight to the converter's :class:`~.convert.ModelCall`, without a span.
+
+Why: when tracerl's processor is the only listener on the provider (nothing exports, see
+``deferred.CaptureOnlyTracer``), the span of a model call exists only to be read back by the
+converter a moment later.  Writing its attributes, making the span, routing it through the
+processor and reading the attributes back was about a third of the work at rollout end.  Here
+the hook's own values (the request it sent, the completion it got) become the record directly.
+
+The record is the one the converter would read from that span: the same semconv normalisation
+of every message (``to_semconv`` then ``from_semconv``), the same model, usage, finish reason,
+tool definitions (read per rollout by the converter, from the same JSON), input delta and token
+ids.  ``tests/test_direct_calls.py`` checks that equality on real calls; a call that cannot be
+described this way (streamed, failed, events or status on its span, a sampler other than the
+SDK's default) still becomes a span.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .convert import LAYER_PRIORITY, GENAI_PRIORITY, ModelCall
+from .messages import canonical, from_semconv, to_semconv
+from .processor import TokenRecord
+
+if TYPE_CHECKING:
+    from .spans import ChatOutcome
+
+
+def model_call(
+    layer: str,
+    tail: list[Any],
+    base: tuple[int, int] | None,
+    span_id: int,
+    start_ns: int,
+    end_ns: int,
+    *,
+    request_model: str | None,
+    tool_definitions: str | None,
+    outcome: "ChatOutcome",
+) -> ModelCall | None:
+    """The converter's record of one call (None where its span would hold no model call: no choices).
+
+    ``tail``: the input messages after the ``base`` call's first ``base[1]`` (``input_delta.py``).
+    """
+    if not outcome.outputs:
+        return None
+    first = outcome.outputs[0]
+    output = from_semconv(first)
+    output["role"] = "assistant"
+    inputs = [from_semconv(to_semconv(m)) for m in tail]
+    model = (str(outcome.model) if outcome.model else None) or request_model
+    response_id = str(outcome.response_id) if outcome.response_id else None
+    record = None
+    if outcome.tokens is not None:
+        prompt_ids, token_ids, logprobs = outcome.tokens
+        record = TokenRecord(response_id, span_id, prompt_ids, token_ids, logprobs)
+    return ModelCall(
+        span_id=span_id,
+        start=start_ns,
+        end=end_ns or start_ns,
+        layer=layer,
+        priority=LAYER_PRIORITY.get(layer, GENAI_PRIORITY),
+        inputs=inputs,
+        output=output,
+        finish_reason=first.get("finish_reason"),
+        model=model or None,
+        response_id=response_id,
+        usage=(_count(outcome.input_tokens), _count(outcome.output_tokens)),
+        record=record,
+        keys=[canonical(m) for m in inputs],
+        base=(int(base[0]), int(base[1])) if base is not None else None,
+        tool_definitions=tool_definitions,
+    )
+
+
+def _count(value: Any) -> int:
+    """A usage count as the span path keeps it (only ints are written; absent reads as 0)."""
+    return int(value) if isinstance(value, int) else 0
