@@ -6,8 +6,8 @@ converter a moment later.  Writing its attributes, making the span, routing it t
 processor and reading the attributes back was about a third of the work at rollout end.  Here
 the hook's own values (the request it sent, the completion it got) become the record directly.
 
-The record is the one the converter would read from that span: the same semconv normalisation
-of every message (``to_semconv`` then ``from_semconv``), the same model, usage, finish reason,
+The record is the one the converter would read from that span: the same normalisation of every
+message (``messages.openai_message``: the semconv round trip, built directly), the same model, usage, finish reason,
 tool definitions (read per rollout by the converter, from the same JSON), input delta and token
 ids.  ``tests/test_direct_calls.py`` checks that equality on real calls; a call that cannot be
 described this way (streamed, failed, events or status on its span, a sampler other than the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .convert import LAYER_PRIORITY, GENAI_PRIORITY, ModelCall
-from .messages import canonical, from_semconv, to_semconv
+from .messages import canonical, openai_message
 from .processor import TokenRecord
 
 if TYPE_CHECKING:
@@ -42,12 +42,11 @@ def model_call(
 
     ``tail``: the input messages after the ``base`` call's first ``base[1]`` (``input_delta.py``).
     """
-    if not outcome.outputs:
+    if not outcome.messages:
         return None
-    first = outcome.outputs[0]
-    output = from_semconv(first)
+    output = openai_message(outcome.messages[0])
     output["role"] = "assistant"
-    inputs = [from_semconv(to_semconv(m)) for m in tail]
+    inputs = [openai_message(m) for m in tail]
     model = (str(outcome.model) if outcome.model else None) or request_model
     response_id = str(outcome.response_id) if outcome.response_id else None
     record = None
@@ -62,7 +61,7 @@ def model_call(
         priority=LAYER_PRIORITY.get(layer, GENAI_PRIORITY),
         inputs=inputs,
         output=output,
-        finish_reason=first.get("finish_reason"),
+        finish_reason=outcome.finishes[0],
         model=model or None,
         response_id=response_id,
         usage=(_count(outcome.input_tokens), _count(outcome.output_tokens)),

@@ -226,10 +226,12 @@ def _logprob_values(logprobs: Any) -> list[float] | None:
 class ChatOutcome(NamedTuple):
     """What a chat completion says about its call, read once (for a span or a direct record)."""
 
-    outputs: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    """Each choice's assistant message, OpenAI-style (``role`` set)."""
+    finishes: list[Any]
+    """Each choice's ``finish_reason`` as the response gave it."""
     response_id: Any
     model: Any
-    finish_reasons: list[str]
     input_tokens: Any
     output_tokens: Any
     tokens: tuple[list[int] | None, list[int] | None, list[float] | None] | None
@@ -238,15 +240,8 @@ class ChatOutcome(NamedTuple):
 def chat_outcome(completion: Any) -> ChatOutcome:
     """A (non-streamed) chat completion as semconv output messages, usage and token ids."""
     choices = list(_attr(completion, "choices") or ())
-    outputs = []
-    finish_reasons = []
-    for choice in choices:
-        message = _message_dict(_attr(choice, "message"))
-        finish = _attr(choice, "finish_reason")
-        output = to_semconv({**message, "role": "assistant"})
-        output["finish_reason"] = finish
-        outputs.append(output)
-        finish_reasons.append(str(finish))
+    messages = [{**_message_dict(_attr(choice, "message")), "role": "assistant"} for choice in choices]
+    finishes = [_attr(choice, "finish_reason") for choice in choices]
     first = choices[0] if choices else None
     record = None
     if first is not None:
@@ -257,10 +252,10 @@ def chat_outcome(completion: Any) -> ChatOutcome:
             record = (list(prompt_ids) if prompt_ids is not None else None, _ints(token_ids), logprobs)
     usage = _attr(completion, "usage")
     return ChatOutcome(
-        outputs,
+        messages,
+        finishes,
         _attr(completion, "id"),
         _attr(completion, "model"),
-        finish_reasons,
         _attr(usage, "prompt_tokens"),
         _attr(usage, "completion_tokens"),
         record,
@@ -276,12 +271,17 @@ def finish_chat_span(span: Any, completion: Any, *, end_time: int | None = None)
         span.defer(finish_chat_span, completion)
         return
     outcome = chat_outcome(completion)
+    outputs = []
+    for message, finish in zip(outcome.messages, outcome.finishes):
+        output = to_semconv(message)
+        output["finish_reason"] = finish
+        outputs.append(output)
     end_chat_span(
         span,
-        outcome.outputs,
+        outputs,
         response_id=outcome.response_id,
         model=outcome.model,
-        finish_reasons=outcome.finish_reasons,
+        finish_reasons=[str(finish) for finish in outcome.finishes],
         input_tokens=outcome.input_tokens,
         output_tokens=outcome.output_tokens,
         tokens=outcome.tokens,
