@@ -290,6 +290,8 @@ def redact(value: Any, _depth: int = 0) -> Any:
             if key not in _PLAIN_KEYS and is_sensitive_key(key) and item not in (None, ""):
                 new = REDACTED
             elif item_kind is str:
+                if len(item) < MIN_SECRET_LENGTH and not _patterns:
+                    continue  # roles, short names: nothing that short is a key
                 new = _clean_text(item)
             elif item_kind in _PLAIN:
                 continue
