@@ -69,6 +69,19 @@ async def openai_tool_agent(client: Any, question: str, *, model: str = "m", str
     return ""
 
 
+async def litellm_tool_agent(litellm: Any, base_url: str, question: str, *, model: str) -> None:
+    """A LiteLLM agent loop with one tool (up to three calls); the tool says ``tool says {question}``."""
+    messages: list[Any] = [{"role": "user", "content": question}]
+    for _ in range(3):
+        response = await litellm.acompletion(model=model, base_url=base_url, api_key="x", messages=messages, tools=[LOOKUP_TOOL])
+        message = response.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return
+        for call in message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": f"tool says {question}"})
+
+
 @contextmanager
 def openinference_beside_tracerl() -> Iterator[Any]:
     """OpenInference's OpenAI, LiteLLM and LangChain instrumentors on the global SDK provider,

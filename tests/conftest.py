@@ -48,6 +48,20 @@ def unserved_fake():
 
 
 @pytest.fixture()
+def own_provider():
+    """Capture on a tracer provider of its own (the session's shared one may have exporters attached)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import tracerl.integrations as ti
+
+    previous = ti.get_tracer_provider()
+    provider = TracerProvider()
+    ti.configure_tracing(provider)
+    yield provider
+    ti.configure_tracing(previous)
+
+
+@pytest.fixture()
 def served_client(served_fake):
     """An ``AsyncOpenAI`` client of :func:`served_fake`."""
     from openai import AsyncOpenAI

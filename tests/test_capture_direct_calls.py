@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import pytest
 from openai import AsyncOpenAI
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -23,18 +22,9 @@ import tracerl.integrations as ti
 from tracerl.integrations import deferred, processor
 from tracerl.integrations.spans import finish_chat_span, start_chat_span
 
-from capture_helpers import LOOKUP_TOOL, openai_tool_agent
+from capture_helpers import LOOKUP_TOOL, litellm_tool_agent, openai_tool_agent
 
 _RANDOM = re.compile(r"(chatcmpl|call)-?_?[0-9a-f]{10,32}")
-
-
-@pytest.fixture()
-def own_provider():
-    previous = ti.get_tracer_provider()
-    provider = TracerProvider()
-    ti.configure_tracing(provider)
-    yield provider
-    ti.configure_tracing(previous)
 
 
 @pytest.fixture()
@@ -114,18 +104,8 @@ async def test_litellm_calls_alike(served_fake, own_provider, monkeypatch, count
     ti.instrument("litellm", "openai")
 
     async def run():
-        messages: list[dict[str, Any]] = [{"role": "user", "content": "direct-3"}]
         async with ti.rollout() as r:
-            for _ in range(3):
-                response = await litellm.acompletion(
-                    model="openai/m", base_url=served_fake.base_url, api_key="x", messages=messages, tools=[LOOKUP_TOOL]
-                )
-                message = response.choices[0].message
-                messages.append(message.model_dump(exclude_none=True))
-                if not message.tool_calls:
-                    break
-                for call in message.tool_calls:
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": "tool says direct-3"})
+            await litellm_tool_agent(litellm, served_fake.base_url, "direct-3", model="openai/m")
         return r.trajectory
 
     try:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 from capture_fake_server import FakeOpenAIServer
-from capture_helpers import LOOKUP_TOOL, assert_tokens_match_server, roles, sampled
+from capture_helpers import assert_tokens_match_server, litellm_tool_agent, roles, sampled
 
 import tracerl.integrations as ti
 
@@ -24,18 +24,8 @@ def server():
 
 
 async def test_litellm_tool_loop_is_captured_with_token_ids(server):
-    messages = [{"role": "user", "content": "lite-1"}]
     async with ti.rollout() as r:
-        for _ in range(3):
-            response = await litellm.acompletion(
-                model="hosted_vllm/m", base_url=server.base_url, api_key="x", messages=messages, tools=[LOOKUP_TOOL]
-            )
-            message = response.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls:
-                break
-            for call in message.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": "tool says lite-1"})
+        await litellm_tool_agent(litellm, server.base_url, "lite-1", model="hosted_vllm/m")
     t = r.trajectory
     assert server.requests[-1]["return_token_ids"] is True
     assert roles(t.messages_and_choices) == ["user", "assistant", "tool", "assistant"]

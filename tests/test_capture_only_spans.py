@@ -27,16 +27,6 @@ _RANDOM = re.compile(r"(chatcmpl|call)-?_?[0-9a-f]{10,32}")
 
 
 @pytest.fixture()
-def own_provider():
-    """Capture on a provider of its own (the session's shared one has exporters attached)."""
-    previous = ti.get_tracer_provider()
-    provider = TracerProvider()
-    ti.configure_tracing(provider)
-    yield provider
-    ti.configure_tracing(previous)
-
-
-@pytest.fixture()
 def seen(monkeypatch):
     """Every span tracerl's processor receives, and which path made the chat spans."""
     spans: list[ReadableSpan] = []
