@@ -331,17 +331,44 @@ def _same_call(a: ModelCall, b: ModelCall) -> bool:
 
 
 def _dedupe(calls: list[ModelCall]) -> tuple[list[ModelCall], int]:
+    """Calls seen by two layers, kept once (the layer closest to the wire): each call's twin is the
+    first kept call :func:`_same_call` says it is.
+
+    Indexed so a long rollout is not quadratic: two calls that both have a response id are the
+    same call exactly when the ids are equal (one dict lookup); only kept calls without an id are
+    compared one by one.
+    """
     kept: list[ModelCall] = []
+    by_id: dict[str, int] = {}  # response id -> the first kept call with it
+    without_id: list[int] = []  # kept calls with no response id, in order
     duplicates = 0
     for call in sorted(calls, key=lambda c: c.priority):
-        twin = next((k for k in kept if _same_call(k, call)), None)
-        if twin is None:
+        if call.response_id:
+            index = by_id.get(call.response_id)
+            for other in without_id:
+                if index is not None and other > index:
+                    break
+                if _same_call(kept[other], call):
+                    index = other
+                    break
+        else:
+            index = next((i for i, k in enumerate(kept) if _same_call(k, call)), None)
+        if index is None:
+            if call.response_id:
+                by_id.setdefault(call.response_id, len(kept))
+            else:
+                without_id.append(len(kept))
             kept.append(call)
             continue
+        twin = kept[index]
         duplicates += 1
         twin.duplicates += 1
         twin.tools = twin.tools or call.tools
-        twin.response_id = twin.response_id or call.response_id
+        if not twin.response_id and call.response_id:  # the twin is compared by this id from now on
+            twin.response_id = call.response_id
+            without_id.remove(index)
+            if by_id.get(call.response_id, index + 1) > index:
+                by_id[call.response_id] = index
         twin.finish_reason = twin.finish_reason or call.finish_reason
         twin.alias_span_ids.append(call.span_id)
     return kept, duplicates
@@ -373,22 +400,37 @@ def _join_records(calls: list[ModelCall], records: Iterable[Any], tally: _ErrorT
 
 def _chains(calls: list[ModelCall]) -> list[list[ModelCall]]:
     """Group calls (in time order) into conversations: a call joins the longest chain whose
-    last call's input + output its own input starts with."""
+    last call's input + output its own input starts with.
+
+    A chain's continuation always starts with its first call's first message, so chains are
+    indexed by that key: a call is compared only with the chains it could continue."""
     chains: list[list[ModelCall]] = []
     expected_of: list[list[tuple[Any, ...]]] = []  # each chain's last call's expected(), computed once
+    by_first: dict[Any, list[int]] = {}
     for call in calls:
         best = -1
         best_length = -1
-        for index, expected in enumerate(expected_of):
+        for index in by_first.get(_index_key(call.keys[0]), ()) if call.keys else ():
+            expected = expected_of[index]
             if len(expected) > best_length and call.keys[: len(expected)] == expected:
                 best, best_length = index, len(expected)
         if best < 0:
             chains.append([call])
             expected_of.append(call.expected())
+            by_first.setdefault(_index_key(expected_of[-1][0]), []).append(len(chains) - 1)
         else:
             chains[best].append(call)
             expected_of[best] = call.expected()
     return chains
+
+
+def _index_key(key: tuple[Any, ...]) -> Any:
+    """A message's comparison key as a dict key (a malformed span may hold an unhashable name)."""
+    try:
+        hash(key)
+    except TypeError:
+        return repr(key)
+    return key
 
 
 def _choice(call: ModelCall) -> Choice:
