@@ -1,6 +1,6 @@
 """Per-call cost of capture, side by side, against a local OpenAI-compatible server.
 
-    python bench/capture_overhead.py [--calls 400] [--stream] [--turns] [--json PATH]
+    python bench/capture_overhead.py [--calls 400] [--stream] [--turns] [--rollout-calls 10] [--json PATH]
 
 Rows: the plain ``openai`` client (no instrumentation); tracerl's capture (OpenAI hook,
 calls inside rollouts of 10 calls; inside a rollout a call only records references and
@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=20, help="calls per interleaved block")
     parser.add_argument("--stream", action="store_true", help="streamed completions")
     parser.add_argument("--turns", action="store_true", help="each rollout's calls form one growing conversation")
+    parser.add_argument("--rollout-calls", type=int, default=ROLLOUT_CALLS, help="model calls per rollout (a long agent run: 100)")
     parser.add_argument("--json", type=Path, default=None, help="write the raw samples and the summary here")
     args = parser.parse_args()
 
@@ -87,7 +88,7 @@ def main() -> None:
             """What the agent sends now: the same two messages, or (``--turns``) its growing history."""
             if not args.turns:
                 return MESSAGES
-            if turn[0] % ROLLOUT_CALLS == 0:
+            if turn[0] % args.rollout_calls == 0:
                 conversation[:] = list(MESSAGES)
             else:
                 conversation.extend([dict(ANSWER), {"role": "user", "content": f"And what about question {turn[0]}?"}])
@@ -115,7 +116,7 @@ def main() -> None:
                 out: list[tuple[float, float]] = []
                 while len(out) < n:
                     scope = ti.rollout()
-                    calls = min(ROLLOUT_CALLS, n - len(out))
+                    calls = min(args.rollout_calls, n - len(out))
                     turn[0] = 0
                     scope.__enter__()
                     out.extend(call() for _ in range(calls))
@@ -155,7 +156,8 @@ def main() -> None:
             for name, fn in modes.items():
                 samples[name].extend(fn(n))
             done += n
-        shape = f"rollouts of {ROLLOUT_CALLS}-turn conversations" if args.turns else "the same two messages per call"
+        shape = f"rollouts of {args.rollout_calls}-turn conversations" if args.turns else "the same two messages per call"
+        shape += f", {args.rollout_calls} calls per rollout"
         print(f"{args.calls} calls per mode{' (streamed)' if args.stream else ''}, {shape}, server {base_url} (separate process)")
         print("wall = latency seen by the agent; cpu = this process's CPU time per call (robust to a busy machine)")
         header = f"{'mode':<20}" + "".join(f"{h:>12}" for h in ("wall med µs", "wall p90", "wall added", "cpu med µs", "cpu p90", "cpu added"))
