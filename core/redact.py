@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import threading
+from collections import OrderedDict
 from typing import Any, Iterable
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "install_log_filter",
     "is_sensitive_key",
     "redact",
+    "redact_message",
     "redact_text",
     "register_pattern",
     "register_secret",
@@ -115,10 +117,12 @@ _secrets: dict[str, None] = {}  # insertion-ordered set
 _secrets_by_length: tuple[str, ...] = ()
 _patterns: list[re.Pattern[str]] = []
 _environment_scanned = False
-_recent: dict[str, str | None] = {}
+_recent: OrderedDict[str, str | None] = OrderedDict()
 """Recently redacted texts -> their redacted form (None: clean).  An agent's texts recur (the system
 prompt, tool descriptions, a task's prompt in every rollout of its group), and each costs a scan
-for every secret and trigger; emptied whenever a secret or pattern is registered."""
+for every secret and trigger; emptied whenever a secret or pattern is registered.  An
+``OrderedDict``: dropping the oldest of a full plain dict (``del d[next(iter(d))]``) walks past
+every slot deleted before it, 2.2 µs per new text once full (measured), where ``popitem`` is O(1)."""
 RECENT_TEXTS = 4096
 RECENT_TEXT_LENGTH = 4096
 """Only texts up to this length are remembered (at most ~16 MB held)."""
@@ -232,8 +236,8 @@ def redact_text(text: str) -> str:
     if len(original) <= RECENT_TEXT_LENGTH:
         if len(_recent) >= RECENT_TEXTS:
             try:
-                del _recent[next(iter(_recent))]  # the oldest
-            except (RuntimeError, StopIteration, KeyError):  # another thread changed it meanwhile
+                _recent.popitem(last=False)  # the oldest
+            except KeyError:  # another thread emptied it meanwhile
                 pass
         _recent[original] = None if text == original else text
     return original if text == original else text
@@ -322,6 +326,60 @@ def redact(value: Any, _depth: int = 0) -> Any:
     if isinstance(value, str):  # a str subclass
         return redact_text(value)
     return value
+
+
+_MESSAGE_TEXT_KEYS = frozenset({"role", "content", "name", "tool_call_id", "refusal"})
+_CALL_KEYS = frozenset({"id", "type"})
+_FUNCTION_KEYS = frozenset({"name", "arguments"})
+
+
+def _text_clean(text: str) -> bool:
+    """Whether :func:`redact_text` leaves ``text`` as it is (a remembered answer costs one lookup)."""
+    if len(text) < MIN_SECRET_LENGTH:
+        return True  # callers check ``_patterns`` first
+    known = _recent.get(text, text)
+    if known is None:
+        return True
+    return known is text and redact_text(text) is text
+
+
+def redact_message(message: Any) -> Any:
+    """:func:`redact` for one chat message, the same answer; the usual shape is checked in one frame.
+
+    Why: a trajectory is redacted at every rollout end and its messages are nearly always
+    clean, but the generic walk makes a call per dict, list and string (an assistant turn with
+    one tool call: seven), which was most of the redaction's cost.  Here a text message and an
+    assistant turn's tool calls (``{"id", "type", "function": {"name", "arguments"}}``) are
+    read inline; the answer "unchanged" is given only when every string is clean, and anything
+    else (another key or shape, a string that needs redacting, registered patterns) goes to
+    :func:`redact` itself.
+    """
+    if message.__class__ is not dict or _patterns:
+        return redact(message)
+    for key, item in message.items():
+        kind = item.__class__
+        if kind is str:
+            if key not in _MESSAGE_TEXT_KEYS or not _text_clean(item):
+                return redact(message)
+        elif key == "tool_calls" and kind is list:
+            for call in item:
+                if call.__class__ is not dict:
+                    return redact(message)
+                for call_key, value in call.items():
+                    if value.__class__ is str:
+                        if call_key not in _CALL_KEYS or not _text_clean(value):
+                            return redact(message)
+                    elif call_key == "function" and value.__class__ is dict:
+                        for function_key, text in value.items():
+                            if function_key not in _FUNCTION_KEYS or (text.__class__ is not str and text is not None):
+                                return redact(message)
+                            if text is not None and not _text_clean(text):
+                                return redact(message)
+                    elif value is not None:
+                        return redact(message)
+        elif item is not None or key not in _PLAIN_KEYS:
+            return redact(message)
+    return message
 
 
 class RedactingLogFilter(logging.Filter):

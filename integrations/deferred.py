@@ -35,7 +35,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace.status import Status, StatusCode
 
-from .health import guard, record_error
+from .health import record_error
 from .input_delta import InputHistory
 
 FLUSH_AT = 256
@@ -252,8 +252,10 @@ class PendingSpans:
                 ready, self._spans = self._spans, []
         capture_only = CaptureOnlyTracer.when_alone(self._ids) if ready else None
         for span in ready:
-            with guard("deferred_span"):
+            try:
                 span.materialize(self._ids, capture_only)
+            except Exception as error:  # noqa: BLE001 - as ``guard``: one span must not lose the others
+                record_error("deferred_span", error)
 
     def __len__(self) -> int:
         return len(self._spans)
@@ -303,10 +305,7 @@ class CaptureOnlyTracer:
 
     def add_call(self, context: trace.SpanContext, parent: trace.SpanContext, call: Any) -> None:
         """A call recorded without a span reaches the rollout's buffer (None: a span with no call)."""
-        from . import layers
-
-        layers.note_model_call_end(context.span_id, parent)
-        self._processor.add_call(context.trace_id, call)
+        self._processor.add_call(context, parent, call)
 
     @classmethod
     def when_alone(cls, ids: PresetSpanIds) -> "CaptureOnlyTracer | None":

@@ -9,21 +9,19 @@ the hook's own values (the request it sent, the completion it got) become the re
 The record is the one the converter would read from that span: the same normalisation of every
 message (``messages.openai_message``: the semconv round trip, built directly), the same model, usage, finish reason,
 tool definitions (read per rollout by the converter, from the same JSON), input delta and token
-ids.  ``tests/test_direct_calls.py`` checks that equality on real calls; a call that cannot be
+ids.  ``tests/test_capture_direct_calls.py`` checks that equality on real calls; a call that cannot be
 described this way (streamed, failed, events or status on its span, a sampler other than the
 SDK's default) still becomes a span.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .completions import field, message_dict, token_ids
 from .convert import LAYER_PRIORITY, GENAI_PRIORITY, ModelCall
 from .messages import canonical, openai_message
 from .processor import TokenRecord
-
-if TYPE_CHECKING:
-    from .spans import ChatOutcome
 
 
 def model_call(
@@ -36,23 +34,26 @@ def model_call(
     *,
     request_model: str | None,
     tool_definitions: str | None,
-    outcome: "ChatOutcome",
+    completion: Any,
 ) -> ModelCall | None:
     """The converter's record of one call (None where its span would hold no model call: no choices).
 
     ``tail``: the input messages after the ``base`` call's first ``base[1]`` (``input_delta.py``).
+    Only the first choice is read: it is the one the converter keeps from a span.
     """
-    if not outcome.messages:
+    choices = field(completion, "choices")
+    if not choices:
         return None
-    output = openai_message(outcome.messages[0])
+    first = choices[0]
+    output = openai_message({**message_dict(field(first, "message")), "role": "assistant"})
     output["role"] = "assistant"
     inputs = [openai_message(m) for m in tail]
-    model = (str(outcome.model) if outcome.model else None) or request_model
-    response_id = str(outcome.response_id) if outcome.response_id else None
-    record = None
-    if outcome.tokens is not None:
-        prompt_ids, token_ids, logprobs = outcome.tokens
-        record = TokenRecord(response_id, span_id, prompt_ids, token_ids, logprobs)
+    model = field(completion, "model")
+    model = (str(model) if model else None) or request_model
+    response_id = field(completion, "id")
+    response_id = str(response_id) if response_id else None
+    tokens = token_ids(completion, first)
+    usage = field(completion, "usage")
     return ModelCall(
         span_id=span_id,
         start=start_ns,
@@ -61,11 +62,11 @@ def model_call(
         priority=LAYER_PRIORITY.get(layer, GENAI_PRIORITY),
         inputs=inputs,
         output=output,
-        finish_reason=outcome.finishes[0],
+        finish_reason=field(first, "finish_reason"),
         model=model or None,
         response_id=response_id,
-        usage=(_count(outcome.input_tokens), _count(outcome.output_tokens)),
-        record=record,
+        usage=(_count(field(usage, "prompt_tokens")), _count(field(usage, "completion_tokens"))),
+        record=TokenRecord(response_id, span_id, *tokens) if tokens is not None else None,
         keys=[canonical(m) for m in inputs],
         base=(int(base[0]), int(base[1])) if base is not None else None,
         tool_definitions=tool_definitions,

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, Status
 
-from tracerl.redact import redact, redact_text
+from tracerl.redact import redact, redact_message, redact_text
 from tracerl.types import Choice, History, Trajectory
 
 from . import semconv as sc
@@ -161,7 +161,7 @@ def redact_trajectory(trajectory: Trajectory) -> Trajectory:
     result, an error echoed back) are never trained on, stored by ``model.log`` or sent to
     ``tracerl serve``.  Token ids are kept as they are.
     """
-    tools_seen: dict[int, tuple[Any, Any]] = {}
+    tools_seen: dict[Any, tuple[Any, Any]] = {}
     for history in (trajectory, *trajectory.additional_histories):
         _redact_history(history, tools_seen)
     # assign only what changed: every assignment to a trajectory field is validated again
@@ -174,23 +174,40 @@ def redact_trajectory(trajectory: Trajectory) -> Trajectory:
     return trajectory
 
 
-def _redact_history(history: History, tools_seen: dict[int, tuple[Any, Any]]) -> None:
-    """``tools_seen``: tool schemas already redacted in this trajectory, by id (the converter gives
-    every history of a rollout the same schema objects: one walk each)."""
+def _redact_history(history: History, tools_seen: dict[Any, tuple[Any, Any]]) -> None:
+    """``tools_seen``: tool schemas already redacted in this trajectory (:func:`_redacted_tool`)."""
     items = history.messages_and_choices
     for index, item in enumerate(items):
         if isinstance(item, Choice):
-            message = redact(item.message)
+            message = redact_message(item.message)
             if message is not item.message:
                 item.message = message
         else:
-            items[index] = redact(item)
-    if history.tools:
-        redacted = []
-        for tool in history.tools:
-            seen = tools_seen.get(id(tool))
-            if seen is None or seen[0] is not tool:
-                seen = tools_seen[id(tool)] = (tool, redact(tool))
-            redacted.append(seen[1])
-        if any(new is not old for new, old in zip(redacted, history.tools)):
+            items[index] = redact_message(item)
+    tools = history.tools
+    if tools:
+        redacted = [_redacted_tool(tool, tools_seen) for tool in tools]
+        if any(new is not old for new, old in zip(redacted, tools)):
             history.tools = redacted
+
+
+def _redacted_tool(tool: Any, seen: dict[Any, tuple[Any, Any]]) -> Any:
+    """``redact(tool)``, remembered per trajectory by the tool's name: each history holds its own copy
+    of the rollout's schemas (pydantic copies a dict field), so an equal one is answered from the
+    first (one C-level comparison instead of a walk); an unchanged tool is returned as itself."""
+    function = tool.get("function") if type(tool) is dict else None
+    name = function.get("name") if type(function) is dict else None
+    key = name if type(name) is str else id(tool)
+    entry = seen.get(key)
+    if entry is not None and (entry[0] is tool or _equal(entry[0], tool)):
+        return tool if entry[1] is entry[0] else entry[1]
+    result = redact(tool)
+    seen[key] = (tool, result)
+    return result
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a value that cannot be compared: walk the tool instead
+        return False

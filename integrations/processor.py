@@ -110,6 +110,8 @@ class CaptureProcessor(SpanProcessor):
                     self._orphans.popitem(last=False)
 
     def take_orphan_record(self, response_id: str) -> TokenRecord | None:
+        if not self._orphans:  # the usual case (every call inside a rollout): no lock to take
+            return None
         with self._lock:
             return self._orphans.pop(response_id, None)
 
@@ -126,8 +128,11 @@ class CaptureProcessor(SpanProcessor):
         except Exception as error:  # noqa: BLE001 - never raise into whoever ends the span
             record_error("processor_on_end", error)
 
-    def add_call(self, trace_id: int, call: Any) -> None:
-        """A model call recorded without a span (``direct_calls.py``), for its rollout's buffer."""
+    def add_call(self, context: Any, parent: Any, call: Any) -> None:
+        """A model call recorded without a span (``direct_calls.py``) under ``parent`` (span contexts),
+        for its rollout's buffer; what :meth:`on_end` does for a span."""
+        layers.note_model_call_end(context.span_id, parent)
+        trace_id = context.trace_id
         try:
             buffer = self._buffers.get(trace_id)
             if buffer is not None:

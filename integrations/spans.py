@@ -5,13 +5,14 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable
 
 from opentelemetry import trace
 
 from . import layers
 from . import semconv as sc
 from . import direct_calls
+from .completions import chat_outcome
 from .deferred import MAKE_SPAN, DeferredSpan
 from .input_delta import delta_attributes
 from .messages import _plain, to_semconv, to_semconv_list
@@ -176,89 +177,7 @@ def _describe_call(
         end_ns,
         request_model=str(model) if _given(model) else None,
         tool_definitions=_tool_definitions_json(tools) if _given(tools) and tools else None,
-        outcome=chat_outcome(args[0]),
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _model_fields(kind: type) -> Any:
-    """A pydantic class's field names (pydantic 2.11 makes ``model_fields`` a computed property)."""
-    fields = getattr(kind, "model_fields", None)
-    return frozenset(fields) if fields is not None else None
-
-
-def _extra(obj: Any, name: str) -> Any:
-    """A field a server added beyond the OpenAI schema (pydantic extra, dict key, attribute).
-
-    Pydantic models are read through ``model_extra`` / ``model_fields`` so that absent
-    names cost a dict lookup, not a raised-and-caught ``AttributeError``.
-    """
-    if obj is None:
-        return None
-    if isinstance(obj, dict):
-        return obj.get(name)
-    fields = _model_fields(type(obj))
-    if fields is not None:
-        extra = obj.model_extra or {}
-        if name in extra:
-            return extra[name]
-        if name in fields:
-            return getattr(obj, name)
-        specific = extra.get("provider_specific_fields")
-        if specific is None and "provider_specific_fields" in fields:
-            specific = obj.provider_specific_fields
-        return specific.get(name) if isinstance(specific, dict) else None
-    value = getattr(obj, name, None)
-    if value is None:
-        specific = getattr(obj, "provider_specific_fields", None)
-        if isinstance(specific, dict):
-            value = specific.get(name)
-    return value
-
-
-def _logprob_values(logprobs: Any) -> list[float] | None:
-    content = logprobs.get("content") if isinstance(logprobs, dict) else getattr(logprobs, "content", None)
-    if not content:
-        return None
-    return [float(e["logprob"] if isinstance(e, dict) else e.logprob) for e in content]
-
-
-class ChatOutcome(NamedTuple):
-    """What a chat completion says about its call, read once (for a span or a direct record)."""
-
-    messages: list[dict[str, Any]]
-    """Each choice's assistant message, OpenAI-style (``role`` set)."""
-    finishes: list[Any]
-    """Each choice's ``finish_reason`` as the response gave it."""
-    response_id: Any
-    model: Any
-    input_tokens: Any
-    output_tokens: Any
-    tokens: tuple[list[int] | None, list[int] | None, list[float] | None] | None
-
-
-def chat_outcome(completion: Any) -> ChatOutcome:
-    """A (non-streamed) chat completion as semconv output messages, usage and token ids."""
-    choices = list(_attr(completion, "choices") or ())
-    messages = [{**_message_dict(_attr(choice, "message")), "role": "assistant"} for choice in choices]
-    finishes = [_attr(choice, "finish_reason") for choice in choices]
-    first = choices[0] if choices else None
-    record = None
-    if first is not None:
-        token_ids = _extra(first, "token_ids")
-        prompt_ids = _extra(completion, "prompt_token_ids") or _extra(first, "prompt_token_ids")
-        logprobs = _logprob_values(_attr(first, "logprobs"))
-        if token_ids is not None or prompt_ids is not None or logprobs is not None:
-            record = (list(prompt_ids) if prompt_ids is not None else None, _ints(token_ids), logprobs)
-    usage = _attr(completion, "usage")
-    return ChatOutcome(
-        messages,
-        finishes,
-        _attr(completion, "id"),
-        _attr(completion, "model"),
-        _attr(usage, "prompt_tokens"),
-        _attr(usage, "completion_tokens"),
-        record,
+        completion=args[0],
     )
 
 
@@ -332,35 +251,3 @@ def end_with_error(span: Any, error: BaseException) -> None:
     span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
     span.set_attribute(sc.ERROR_TYPE, type(error).__name__)
     span.end()
-
-
-def _message_dict(message: Any) -> dict[str, Any]:
-    """An assistant message as a dict, reading SDK objects directly (cheaper than ``model_dump``)."""
-    if message is None:
-        return {}
-    if isinstance(message, dict):
-        return message
-    out: dict[str, Any] = {"content": getattr(message, "content", None)}
-    calls = getattr(message, "tool_calls", None)
-    if calls:
-        out["tool_calls"] = [
-            {
-                "id": getattr(call, "id", None),
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": call.function.arguments},
-            }
-            for call in calls
-        ]
-    return out
-
-
-def _attr(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, dict):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
-def _ints(values: Any) -> list[int] | None:
-    return None if values is None else [int(v) for v in values]

@@ -9,7 +9,8 @@ from opentelemetry import trace
 
 from .health import guard
 from .messages import to_semconv
-from .spans import _attr, _extra, _logprob_values, end_chat_span
+from .completions import extra_field, field, logprob_values
+from .spans import end_chat_span
 
 
 class ChunkAccumulator:
@@ -25,38 +26,38 @@ class ChunkAccumulator:
         self.usage: Any = None
 
     def add(self, chunk: Any) -> None:
-        self.response_id = self.response_id or _attr(chunk, "id")
-        self.model = self.model or _attr(chunk, "model")
-        prompt_ids = _extra(chunk, "prompt_token_ids")
+        self.response_id = self.response_id or field(chunk, "id")
+        self.model = self.model or field(chunk, "model")
+        prompt_ids = extra_field(chunk, "prompt_token_ids")
         if prompt_ids is not None and self.prompt_token_ids is None:
             self.prompt_token_ids = [int(v) for v in prompt_ids]
-        usage = _attr(chunk, "usage")
+        usage = field(chunk, "usage")
         if usage is not None:
             self.usage = usage
-        for choice in _attr(chunk, "choices") or ():
-            index = _attr(choice, "index") or 0
+        for choice in field(chunk, "choices") or ():
+            index = field(choice, "index") or 0
             state = self.choices.setdefault(index, {"content": [], "calls": {}, "finish_reason": None})
-            delta = _attr(choice, "delta")
-            content = _attr(delta, "content")
+            delta = field(choice, "delta")
+            content = field(delta, "content")
             if content:
                 state["content"].append(content)
-            for call in _attr(delta, "tool_calls") or ():
-                slot = state["calls"].setdefault(_attr(call, "index") or 0, {"id": None, "name": [], "arguments": []})
-                slot["id"] = slot["id"] or _attr(call, "id")
-                function = _attr(call, "function")
-                if _attr(function, "name"):
-                    slot["name"].append(_attr(function, "name"))
-                if _attr(function, "arguments"):
-                    slot["arguments"].append(_attr(function, "arguments"))
-            if _attr(choice, "finish_reason"):
-                state["finish_reason"] = _attr(choice, "finish_reason")
+            for call in field(delta, "tool_calls") or ():
+                slot = state["calls"].setdefault(field(call, "index") or 0, {"id": None, "name": [], "arguments": []})
+                slot["id"] = slot["id"] or field(call, "id")
+                function = field(call, "function")
+                if field(function, "name"):
+                    slot["name"].append(field(function, "name"))
+                if field(function, "arguments"):
+                    slot["arguments"].append(field(function, "arguments"))
+            if field(choice, "finish_reason"):
+                state["finish_reason"] = field(choice, "finish_reason")
             if index == 0:
-                if prompt_ids is None and _extra(choice, "prompt_token_ids") is not None and self.prompt_token_ids is None:
-                    self.prompt_token_ids = [int(v) for v in _extra(choice, "prompt_token_ids")]
-                ids = _extra(choice, "token_ids")
+                if prompt_ids is None and extra_field(choice, "prompt_token_ids") is not None and self.prompt_token_ids is None:
+                    self.prompt_token_ids = [int(v) for v in extra_field(choice, "prompt_token_ids")]
+                ids = extra_field(choice, "token_ids")
                 if ids:
                     self.token_ids = (self.token_ids or []) + [int(v) for v in ids]
-                values = _logprob_values(_attr(choice, "logprobs"))
+                values = logprob_values(field(choice, "logprobs"))
                 if values:
                     self.logprobs = (self.logprobs or []) + values
 
@@ -89,8 +90,8 @@ class ChunkAccumulator:
             response_id=self.response_id,
             model=self.model,
             finish_reasons=[str(s["finish_reason"]) for _, s in sorted(self.choices.items()) if s["finish_reason"]],
-            input_tokens=_attr(self.usage, "prompt_tokens"),
-            output_tokens=_attr(self.usage, "completion_tokens"),
+            input_tokens=field(self.usage, "prompt_tokens"),
+            output_tokens=field(self.usage, "completion_tokens"),
             tokens=tokens,
         )
 

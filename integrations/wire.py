@@ -25,7 +25,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from .health import guard
+from .health import guard, record_error
 from .patching import Patches
 
 GENERATION_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages")
@@ -115,7 +115,7 @@ def outside_since(position: int) -> list[str]:
 
 
 def _note(request: Any) -> None:
-    with guard("wire_note"):
+    try:  # try/except rather than ``guard``: this runs on every HTTP request
         if otel_context.get_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY):
             return  # tracerl's own servers forwarding a request
         rollout = _current_rollout()
@@ -126,6 +126,8 @@ def _note(request: Any) -> None:
         if url is not None and _get_processor().active_rollouts():
             with _lock:
                 _outside.append((next(_sequence), url))
+    except Exception as error:  # noqa: BLE001 - never raise into the request
+        record_error("wire_note", error)
 
 
 def _current_rollout() -> Any:
