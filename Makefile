@@ -11,7 +11,7 @@ BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-vllm install-jemalloc install-phoenix install-skypilot install-ray demo test chaos bench clean
+.PHONY: install install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray demo test chaos bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -80,7 +80,14 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	touch $(BENCH_STAMP)
 
-bench: install-vllm $(BENCH_STAMP)
+# valgrind counts capture's instructions (bench/capture_instructions.py); best effort, as jemalloc
+install-valgrind:
+	@command -v valgrind >/dev/null \
+	|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	     && { apt-get install -y -q valgrind >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q valgrind >/dev/null; }; }; } \
+	|| echo "note: no valgrind (apt-get install valgrind): bench/capture_instructions.py will fail"
+
+bench: install-vllm install-valgrind $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:

@@ -15,7 +15,8 @@ and shown per call, and a last line compares totals (call path + rollout end) to
 
 Workloads: by default every call sends the same two messages (the filed measurement); with
 ``--turns`` the 10 calls of a rollout are one conversation, as an agent makes them (each call
-resends the history plus the previous answer and a new user turn), in every mode alike.
+resends the history plus the model's previous answer and the agent's reply: a result for each
+tool call, else a new user turn), in every mode alike.
 """
 
 from __future__ import annotations
@@ -42,6 +43,46 @@ TOOLS = [
         },
     }
 ]
+
+
+class Workload:
+    """What the agent sends on each call: the same two messages, or (``turns``) its growing history.
+
+    With ``turns`` the calls of a rollout are one conversation, as an agent makes them: each call
+    resends the history plus the model's previous answer (given to :meth:`answered`) and the
+    agent's reply to it (a result for each tool call, else a new user turn); :meth:`restart`
+    begins the next rollout's conversation.  Without an answer (streamed calls) a fixed one is sent.
+    """
+
+    def __init__(self, *, turns: bool, rollout_calls: int) -> None:
+        self.turns, self.rollout_calls = turns, rollout_calls
+        self.turn = 0
+        self.conversation: list[dict] = []
+        self.answer: dict | None = None
+
+    def restart(self) -> None:
+        self.turn = 0
+
+    def answered(self, message: dict) -> None:
+        """The model's answer to the last call, as the agent keeps it (a message dict)."""
+        self.answer = message
+
+    def next_messages(self) -> list[dict]:
+        if not self.turns:
+            return MESSAGES
+        if self.turn % self.rollout_calls == 0:
+            self.conversation[:] = list(MESSAGES)
+        else:
+            answer = self.answer or dict(ANSWER)
+            self.conversation.append(answer)
+            calls = answer.get("tool_calls") or ()
+            for call in calls:
+                self.conversation.append({"role": "tool", "tool_call_id": call["id"], "content": ANSWER["content"]})
+            if not calls:
+                self.conversation.append({"role": "user", "content": f"And what about question {self.turn}?"})
+        self.answer = None
+        self.turn += 1
+        return self.conversation
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
@@ -81,31 +122,22 @@ def main() -> None:
         capture_provider = TracerProvider()
         ti.configure_tracing(capture_provider)
 
-        conversation: list[dict] = []
-        turn = [0]
-
-        def next_messages() -> list[dict]:
-            """What the agent sends now: the same two messages, or (``--turns``) its growing history."""
-            if not args.turns:
-                return MESSAGES
-            if turn[0] % args.rollout_calls == 0:
-                conversation[:] = list(MESSAGES)
-            else:
-                conversation.extend([dict(ANSWER), {"role": "user", "content": f"And what about question {turn[0]}?"}])
-            turn[0] += 1
-            return conversation
+        workload = Workload(turns=args.turns, rollout_calls=args.rollout_calls)
 
         def call() -> tuple[float, float]:
-            messages = next_messages()
+            messages = workload.next_messages()
             started, cpu_started = time.perf_counter(), time.process_time()
             result = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=args.stream)
             if args.stream:
                 for _ in result:
                     pass
-            return (time.perf_counter() - started) * 1e6, (time.process_time() - cpu_started) * 1e6
+            elapsed = (time.perf_counter() - started) * 1e6, (time.process_time() - cpu_started) * 1e6
+            if args.turns and not args.stream:
+                workload.answered(result.choices[0].message.model_dump(exclude_none=True))
+            return elapsed
 
         def plain(n: int) -> list[tuple[float, float]]:
-            turn[0] = 0
+            workload.restart()
             return [call() for _ in range(n)]
 
         def tracerl(n: int, token_ids: bool = False) -> list[tuple[float, float]]:
@@ -117,12 +149,12 @@ def main() -> None:
                 while len(out) < n:
                     scope = ti.rollout()
                     calls = min(args.rollout_calls, n - len(out))
-                    turn[0] = 0
+                    workload.restart()
                     scope.__enter__()
                     out.extend(call() for _ in range(calls))
                     started = time.perf_counter()
                     scope.__exit__(None, None, None)  # builds the trajectory
-                    convert_us.append((time.perf_counter() - started) * 1e6 / calls)
+                    convert_us["tracerl+token_ids" if token_ids else "tracerl"].append((time.perf_counter() - started) * 1e6 / calls)
                     captured.append(scope.trajectory.metrics["capture_model_calls"] == calls)
                 return out
             finally:
@@ -131,13 +163,13 @@ def main() -> None:
 
         def openinference(n: int) -> list[tuple[float, float]]:
             oi.instrument(tracer_provider=oi_provider)
-            turn[0] = 0
+            workload.restart()
             try:
                 return [call() for _ in range(n)]
             finally:
                 oi.uninstrument()
 
-        convert_us: list[float] = []
+        convert_us: dict[str, list[float]] = {"tracerl": [], "tracerl+token_ids": []}  # rollout-end work, per mode
         captured: list[bool] = []
         modes = {
             "uninstrumented": plain,
@@ -148,7 +180,8 @@ def main() -> None:
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
         for fn in modes.values():  # warm-up: connections, imports, first spans
             fn(10)
-        convert_us.clear()
+        for values in convert_us.values():
+            values.clear()
         captured.clear()
         done = 0
         while done < args.calls:
@@ -176,14 +209,14 @@ def main() -> None:
             if added["openinference"][index] > 0:
                 ratio = added["tracerl"][index] / added["openinference"][index]
                 print(f"tracerl added / OpenInference added ({column}) = {ratio:.2f}")
-        end_us = statistics.median(convert_us)
+        end_us = {name: statistics.median(values) for name, values in convert_us.items()}
         print(
-            f"tracerl work at rollout end (spans materialised + trajectory built): median {end_us:.0f} µs per call "
-            f"(not in the rows above); every call captured: {all(captured)}"
+            f"tracerl work at rollout end (spans materialised + trajectory built, not in the rows above), median per call: "
+            f"{end_us['tracerl']:.0f} µs; with token ids {end_us['tracerl+token_ids']:.0f} µs; every call captured: {all(captured)}"
         )
         total = None
         if added["openinference"][1] > 0:
-            total = (added["tracerl"][1] + end_us) / added["openinference"][1]
+            total = (added["tracerl"][1] + end_us["tracerl"]) / added["openinference"][1]
             print(f"tracerl total (cpu added + rollout-end work) / OpenInference added (cpu) = {total:.2f}")
         if args.json is not None:
             args.json.write_text(
@@ -194,11 +227,12 @@ def main() -> None:
                         "workload": shape,
                         "stream": args.stream,
                         "added_us": {name: {"wall": w, "cpu": c} for name, (w, c) in added.items()},
-                        "rollout_end_us_per_call": end_us,
+                        "rollout_end_us_per_call": end_us["tracerl"],
+                        "rollout_end_us_per_call_token_ids": end_us["tracerl+token_ids"],
                         "total_ratio_cpu": total,
                         "every_call_captured": all(captured),
                         "samples_us": {name: [[round(w, 1), round(c, 1)] for w, c in values] for name, values in samples.items()},
-                        "rollout_end_samples_us": [round(v, 1) for v in convert_us],
+                        "rollout_end_samples_us": {name: [round(v, 1) for v in values] for name, values in convert_us.items()},
                     }
                 )
                 + "\n"

@@ -25,7 +25,7 @@ RAW = BENCH / "raw"
 
 # name -> arguments after `python bench/<name>.py` ({raw} is bench/raw); SCRIPTS names the
 # script where one runs twice with other arguments
-SCRIPTS = {"capture_overhead_turns": "capture_overhead"}
+SCRIPTS = {"capture_overhead_turns": "capture_overhead", "capture_instructions_turns": "capture_instructions"}
 BENCHMARKS: dict[str, list[str]] = {
     "ceiling": ["--json", "{raw}/ceiling_only.json"],
     "serving_speed": ["--json", "{raw}/serving_speed_results.json"],
@@ -37,6 +37,8 @@ BENCHMARKS: dict[str, list[str]] = {
     "allocator_step": ["--rounds", "2", "--steps", "3", "--json", "{raw}/allocator_step_results.json"],
     "capture_overhead": ["--calls", "1000", "--json", "{raw}/capture_overhead_results.json"],
     "capture_overhead_turns": ["--calls", "1000", "--turns", "--json", "{raw}/capture_overhead_turns_results.json"],
+    "capture_instructions": ["--json", "{raw}/capture_instructions_results.json"],
+    "capture_instructions_turns": ["--turns", "--json", "{raw}/capture_instructions_turns_results.json"],
     "capture_memory": [],
     "langgraph_overhead": [],
 }  # fmt: skip
