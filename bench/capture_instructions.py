@@ -16,7 +16,7 @@ path, the rollout's enter and exit: spans, trajectory, redaction).
 
 Instructions are not time (a cache miss costs more than an add), so ``capture_overhead.py``'s
 timings stay the headline; this is the figure a change can be checked against.  Needs
-``valgrind`` (``apt-get install valgrind``); about 6 minutes on 2 cores (two children at a time).
+``valgrind`` (``make install-valgrind``); about 95 s per run on 2 cores (two children at a time).
 """
 
 from __future__ import annotations
