@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -101,6 +100,9 @@ def summary_instructions(cachegrind_out: str, what: str) -> int:
 
 
 def main() -> None:
+    sys.path.insert(0, str(BENCH))
+    from capture_overhead import write_raw
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", action="store_true", help="each rollout's calls form one growing conversation")
     parser.add_argument("--rollouts", default="5,25", help="the two numbers of rollouts whose difference is measured")
@@ -137,22 +139,16 @@ def main() -> None:
     if ratio is not None:
         print(f"tracerl added (call path + rollout end) / OpenInference added = {ratio:.2f}")
     if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
-                    "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    "workload": shape,
-                    "rollout_calls": args.rollout_calls,
-                    "rollouts": [small, large],
-                    "instructions": {f"{mode} x{n}": count for (mode, n), count in counts.items()},
-                    "per_call": per_call,
-                    "added_per_call": added,
-                    "ratio_tracerl_to_openinference": ratio,
-                },
-                indent=2,
-            )
-            + "\n"
+        write_raw(
+            args.json,
+            shape,
+            indent=2,
+            rollout_calls=args.rollout_calls,
+            rollouts=[small, large],
+            instructions={f"{mode} x{n}": count for (mode, n), count in counts.items()},
+            per_call=per_call,
+            added_per_call=added,
+            ratio_tracerl_to_openinference=ratio,
         )
 
 

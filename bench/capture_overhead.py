@@ -85,6 +85,17 @@ class Workload:
         return self.conversation
 
 
+def write_raw(path: Path, workload: str, indent: int | None = None, **fields: object) -> None:
+    """A run's raw result as JSON: the command that made it, when, on which workload, then ``fields``."""
+    record = {
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "workload": workload,
+        **fields,
+    }
+    path.write_text(json.dumps(record, indent=indent) + "\n")
+
+
 def start_server() -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "capture_fake_server.py")], stdout=subprocess.PIPE, text=True
@@ -219,23 +230,17 @@ def main() -> None:
             total = (added["tracerl"][1] + end_us["tracerl"]) / added["openinference"][1]
             print(f"tracerl total (cpu added + rollout-end work) / OpenInference added (cpu) = {total:.2f}")
         if args.json is not None:
-            args.json.write_text(
-                json.dumps(
-                    {
-                        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
-                        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                        "workload": shape,
-                        "stream": args.stream,
-                        "added_us": {name: {"wall": w, "cpu": c} for name, (w, c) in added.items()},
-                        "rollout_end_us_per_call": end_us["tracerl"],
-                        "rollout_end_us_per_call_token_ids": end_us["tracerl+token_ids"],
-                        "total_ratio_cpu": total,
-                        "every_call_captured": all(captured),
-                        "samples_us": {name: [[round(w, 1), round(c, 1)] for w, c in values] for name, values in samples.items()},
-                        "rollout_end_samples_us": {name: [round(v, 1) for v in values] for name, values in convert_us.items()},
-                    }
-                )
-                + "\n"
+            write_raw(
+                args.json,
+                shape,
+                stream=args.stream,
+                added_us={name: {"wall": w, "cpu": c} for name, (w, c) in added.items()},
+                rollout_end_us_per_call=end_us["tracerl"],
+                rollout_end_us_per_call_token_ids=end_us["tracerl+token_ids"],
+                total_ratio_cpu=total,
+                every_call_captured=all(captured),
+                samples_us={name: [[round(w, 1), round(c, 1)] for w, c in values] for name, values in samples.items()},
+                rollout_end_samples_us={name: [round(v, 1) for v in values] for name, values in convert_us.items()},
             )
     finally:
         process.terminate()
