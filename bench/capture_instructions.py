@@ -15,7 +15,9 @@ warm-up cancelled.  It includes everything capture does for a call wherever it h
 path, the rollout's enter and exit: spans, trajectory, redaction).
 
 Instructions are not time (a cache miss costs more than an add), so ``capture_overhead.py``'s
-timings stay the headline; this is the figure a change can be checked against.  Needs
+timings are reported beside these counts; the counts are what a change can be checked against
+(``bench/RESULTS.md`` leads with them because at this machine's noise timings cannot rank two
+versions).  Needs
 ``valgrind`` (``make install-valgrind``); about 95 s per run on 2 cores (two children at a time).
 """
 
