@@ -100,11 +100,18 @@ _ALL_TRIGGERS = tuple(sorted({*_NAMED_TRIGGERS, *(t for ts, _ in _RULES for t in
 """Every rule's trigger: text containing none of them (lower-cased) needs no rule run."""
 
 
+_ANY_TRIGGER = re.compile("|".join(map(re.escape, _ALL_TRIGGERS)))
+_SHORT_TEXT = 48
+"""Up to this length one regex search beats a loop of substring searches (an id: 0.4 against 1.0 µs)."""
+
+
 def _has_trigger(lower: str) -> bool:
     """Whether the lower-cased text contains any trigger.  One substring search per trigger:
     measured 1.1 µs on an 84-character message and 25 µs on 2,000 characters, where a regex
     alternation of the same literals took 2.3 and 142 µs (Python's ``re`` tries every branch at
-    every position)."""
+    every position); on short texts (ids, names) the regex's one call wins."""
+    if len(lower) <= _SHORT_TEXT:
+        return _ANY_TRIGGER.search(lower) is not None
     for trigger in _ALL_TRIGGERS:
         if trigger in lower:
             return True
@@ -356,28 +363,35 @@ def redact_message(message: Any) -> Any:
     """
     if message.__class__ is not dict or _patterns:
         return redact(message)
+    texts: list[str] = []  # every string of the message, checked in one loop below
     for key, item in message.items():
         kind = item.__class__
         if kind is str:
-            if key not in _MESSAGE_TEXT_KEYS or not _text_clean(item):
+            if key not in _MESSAGE_TEXT_KEYS:
                 return redact(message)
+            texts.append(item)
         elif key == "tool_calls" and kind is list:
             for call in item:
                 if call.__class__ is not dict:
                     return redact(message)
                 for call_key, value in call.items():
                     if value.__class__ is str:
-                        if call_key not in _CALL_KEYS or not _text_clean(value):
+                        if call_key not in _CALL_KEYS:
                             return redact(message)
+                        texts.append(value)
                     elif call_key == "function" and value.__class__ is dict:
                         for function_key, text in value.items():
                             if function_key not in _FUNCTION_KEYS or (text.__class__ is not str and text is not None):
                                 return redact(message)
-                            if text is not None and not _text_clean(text):
-                                return redact(message)
+                            if text is not None:
+                                texts.append(text)
                     elif value is not None:
                         return redact(message)
         elif item is not None or key not in _PLAIN_KEYS:
+            return redact(message)
+    recent = _recent
+    for text in texts:  # :func:`_text_clean` inline for the usual answers: short, or remembered clean
+        if len(text) >= MIN_SECRET_LENGTH and recent.get(text, text) is not None and not _text_clean(text):
             return redact(message)
     return message
 

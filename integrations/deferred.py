@@ -86,6 +86,11 @@ MAKE_SPAN: Any = object()
 _UNSET = Status(StatusCode.UNSET)
 
 
+def new_span_id() -> int:
+    """A random, valid (non-zero) 64-bit span id, as the SDK's generator makes them."""
+    return _random.getrandbits(64) or 1
+
+
 class DeferredSpan(trace.Span):
     """Stands in for a model-call span until it is materialised; records what is done to it.
 
@@ -99,11 +104,22 @@ class DeferredSpan(trace.Span):
     (``direct_calls.py``): a ``ModelCall``, None (nothing to record) or :data:`MAKE_SPAN`.
     """
 
-    def __init__(self, start: Callable[..., Any], parent: Any, describe: Callable[..., Any] | None = None) -> None:
-        parent_context = trace.get_current_span(parent).get_span_context()
+    def __init__(
+        self,
+        start: Callable[..., Any],
+        parent: Any,
+        describe: Callable[..., Any] | None = None,
+        *,
+        parent_span: Any = None,
+        span_id: int | None = None,
+    ) -> None:
+        """``parent``: the OpenTelemetry context current at the call; ``parent_span``: its current
+        span when the caller has it already; ``span_id``: one from :func:`new_span_id`, when the
+        caller needed it before the span (``input_delta``)."""
+        parent_context = (parent_span if parent_span is not None else trace.get_current_span(parent)).get_span_context()
         self._context = trace.SpanContext(
             parent_context.trace_id,
-            _random.getrandbits(64) or 1,
+            span_id or new_span_id(),
             is_remote=False,
             trace_flags=parent_context.trace_flags,
             trace_state=parent_context.trace_state,
@@ -233,8 +249,20 @@ class PendingSpans:
         self.inputs = InputHistory()
         """The recent model-call inputs, so each call's span stores only its new messages."""
 
-    def open(self, start: Callable[..., Any], describe: Callable[..., Any] | None = None) -> DeferredSpan:
-        span = DeferredSpan(start, otel_context.get_current(), describe)
+    def open(
+        self,
+        start: Callable[..., Any],
+        describe: Callable[..., Any] | None = None,
+        *,
+        context: Any = None,
+        parent_span: Any = None,
+        span_id: int | None = None,
+    ) -> DeferredSpan:
+        """A deferred span for a call starting now, under ``context`` (default: the current one);
+        ``parent_span`` / ``span_id``: see :class:`DeferredSpan`."""
+        if context is None:
+            context = otel_context.get_current()
+        span = DeferredSpan(start, context, describe, parent_span=parent_span, span_id=span_id)
         with self._lock:
             self._spans.append(span)
             full = len(self._spans) >= FLUSH_AT
@@ -291,17 +319,24 @@ class CaptureOnlyTracer:
             isinstance(sampler, ParentBased) and getattr(sampler, "_local_parent_sampled", None) is ALWAYS_ON
         )
         """The SDK's default sampler: a child of a sampled local parent is sampled, attributes unchanged."""
+        self._direct_parent: trace.SpanContext | None = None
 
     def records_directly(self, parent: trace.SpanContext) -> bool:
         """Whether a call under ``parent`` may skip its span (``direct_calls.py``): the default
-        sampler would record it unchanged, as a child of a sampled local parent."""
-        return (
+        sampler would record it unchanged, as a child of a sampled local parent.  (One tracer
+        serves one batch, whose calls mostly share a parent: the last answer yes is remembered.)"""
+        if parent is self._direct_parent:
+            return True
+        direct = (
             self._samples_under_sampled_parents
             and parent.is_valid
             and parent.trace_flags.sampled
             and not parent.is_remote
             and self._tracer._span_limits.max_span_attributes >= _DIRECT_ATTRIBUTE_ROOM
         )
+        if direct:
+            self._direct_parent = parent
+        return direct
 
     def add_call(self, context: trace.SpanContext, parent: trace.SpanContext, call: Any) -> None:
         """A call recorded without a span reaches the rollout's buffer (None: a span with no call)."""

@@ -45,15 +45,19 @@ def model_call(
     if not choices:
         return None
     first = choices[0]
-    output = openai_message({**message_dict(field(first, "message")), "role": "assistant"})
+    if isinstance(completion, dict) or isinstance(first, dict):
+        message, finish = field(first, "message"), field(first, "finish_reason")
+        model, response_id, usage = field(completion, "model"), field(completion, "id"), field(completion, "usage")
+    else:  # SDK objects: ``field`` is ``getattr(obj, name, None)`` for them, called here without its frame
+        message, finish = getattr(first, "message", None), getattr(first, "finish_reason", None)
+        model, response_id = getattr(completion, "model", None), getattr(completion, "id", None)
+        usage = getattr(completion, "usage", None)
+    output = openai_message({**message_dict(message), "role": "assistant"})
     output["role"] = "assistant"
     inputs = [openai_message(m) for m in tail]
-    model = field(completion, "model")
     model = (str(model) if model else None) or request_model
-    response_id = field(completion, "id")
     response_id = str(response_id) if response_id else None
     tokens = token_ids(completion, first)
-    usage = field(completion, "usage")
     return ModelCall(
         span_id=span_id,
         start=start_ns,
@@ -62,7 +66,7 @@ def model_call(
         priority=LAYER_PRIORITY.get(layer, GENAI_PRIORITY),
         inputs=inputs,
         output=output,
-        finish_reason=field(first, "finish_reason"),
+        finish_reason=finish,
         model=model or None,
         response_id=response_id,
         usage=(_count(field(usage, "prompt_tokens")), _count(field(usage, "completion_tokens"))),

@@ -39,32 +39,36 @@ class InputHistory:
         self._recent: dict[str, list[tuple[int, list[Any]]]] = {}
         self._lock = threading.Lock()
 
-    def open(self, layer: str, messages: Any, open_span: Callable[[list[Any], tuple[int, int] | None], Any]) -> Any:
-        """Snapshot ``messages`` and open the call's span: ``open_span(tail, (base_span_id, p) or None)``.
+    def open(self, layer: str, messages: Any, span_id: int) -> tuple[list[Any], tuple[int, int] | None]:
+        """Snapshot ``messages`` for the call whose span will have ``span_id``: its new messages
+        (``tail``) and ``(base_span_id, p)`` of the earlier call they continue, or None.
 
         The snapshot copies only the new messages (the agent appends to its list and may reuse
-        dicts); the shared prefix is the earlier call's snapshot, compared item by item.
+        dicts); the shared prefix is the earlier call's snapshot, compared item by item.  The
+        caller opens the span with this id (no callback: this runs on every model call).
         """
         messages = list(messages)
         with self._lock:
             recent = self._recent.setdefault(layer, [])
             base_id, prefix, base = None, 0, None
-            for span_id, snapshot in reversed(recent):  # newest first: usually the whole input but one turn
+            for earlier_id, snapshot in reversed(recent):  # newest first: usually the whole input but one turn
+                if len(snapshot) <= prefix:
+                    continue  # cannot share more than the prefix found already
                 length = _common_prefix(snapshot, messages)
                 if length > prefix:
-                    base_id, prefix, base = span_id, length, snapshot
+                    base_id, prefix, base = earlier_id, length, snapshot
                     if length == len(messages):
                         break  # nothing can share more
             tail = [dict(m) if type(m) is dict else m for m in messages[prefix:]]
-            span = open_span(tail, (base_id, prefix) if base_id is not None else None)
-            full = base[:prefix] + tail if base is not None else tail
-            recent.append((span.get_span_context().span_id, full))
+            recent.append((span_id, base[:prefix] + tail if base is not None else tail))
             if len(recent) > RECENT_CALLS:
                 del recent[0]
-        return span
+        return tail, (base_id, prefix) if base_id is not None else None
 
 
 def _common_prefix(snapshot: list[Any], messages: list[Any]) -> int:
+    if len(snapshot) <= len(messages) and messages[: len(snapshot)] == snapshot:
+        return len(snapshot)  # the usual case, compared in C (identity first, as below)
     length = 0
     for old, new in zip(snapshot, messages):
         if old is not new and old != new:

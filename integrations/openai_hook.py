@@ -96,8 +96,11 @@ def _begin(completions: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, _Call]:
     call = _Call(base_url, kwargs, getattr(client, "timeout", None) if timeout is None else timeout, OPENAI_TIMEOUT_KNOB)
     try:
         requested = prepare_request(kwargs, base_url)
-        span = start_chat_span("openai", kwargs, provider="openai", base_url=base_url, token_ids_requested=requested)
-        token = otel_context.attach(trace.set_span_in_context(span))
+        current = otel_context.get_current()
+        span = start_chat_span(
+            "openai", kwargs, provider="openai", base_url=base_url, token_ids_requested=requested, context=current
+        )
+        token = otel_context.attach(trace.set_span_in_context(span, current))
     except Exception as error:  # noqa: BLE001 - as ``guard``
         record_error("openai_request", error)
     return span, token, call

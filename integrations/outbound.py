@@ -162,8 +162,9 @@ def redact_trajectory(trajectory: Trajectory) -> Trajectory:
     ``tracerl serve``.  Token ids are kept as they are.
     """
     tools_seen: dict[Any, tuple[Any, Any]] = {}
+    clean_seen: set[tuple[Any, ...]] | None = set() if trajectory.additional_histories else None
     for history in (trajectory, *trajectory.additional_histories):
-        _redact_history(history, tools_seen)
+        _redact_history(history, tools_seen, clean_seen)
     # assign only what changed: every assignment to a trajectory field is validated again
     metadata = redact(trajectory.metadata)
     if metadata is not trajectory.metadata:
@@ -174,14 +175,32 @@ def redact_trajectory(trajectory: Trajectory) -> Trajectory:
     return trajectory
 
 
-def _redact_history(history: History, tools_seen: dict[Any, tuple[Any, Any]]) -> None:
-    """``tools_seen``: tool schemas already redacted in this trajectory (:func:`_redacted_tool`)."""
+def _redact_history(
+    history: History, tools_seen: dict[Any, tuple[Any, Any]], clean_seen: set[tuple[Any, ...]] | None
+) -> None:
+    """``tools_seen``: tool schemas already redacted in this trajectory (:func:`_redacted_tool`);
+    ``clean_seen`` (a trajectory of several histories): the contents of messages without tool
+    calls found clean so far (each history holds its own copy of a prompt the calls shared: it
+    is checked once)."""
     items = history.messages_and_choices
     for index, item in enumerate(items):
         if isinstance(item, Choice):
             message = redact_message(item.message)
             if message is not item.message:
                 item.message = message
+        elif clean_seen is not None and item.__class__ is dict and "tool_calls" not in item:
+            content = tuple(item.items())
+            try:
+                if content in clean_seen:
+                    continue
+            except TypeError:  # a value that cannot be hashed (a list of content parts): no memo
+                items[index] = redact_message(item)
+                continue
+            clean = redact_message(item)
+            if clean is item:
+                clean_seen.add(content)
+            else:
+                items[index] = clean
         else:
             items[index] = redact_message(item)
     tools = history.tools

@@ -7,13 +7,14 @@ import functools
 import json
 from typing import Any, Iterable
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from . import layers
 from . import semconv as sc
 from . import direct_calls
 from .completions import chat_outcome
-from .deferred import MAKE_SPAN, DeferredSpan
+from .deferred import MAKE_SPAN, DeferredSpan, new_span_id
 from .input_delta import delta_attributes
 from .messages import _plain, to_semconv, to_semconv_list
 from .processor import TokenRecord, get_processor, get_tracer
@@ -86,26 +87,31 @@ def start_chat_span(
     base_url: Any = None,
     token_ids_requested: bool = False,
     messages: Any = None,
+    context: Any = None,
 ) -> Any:
     """Start (not make current) a ``chat {model}`` span describing the request in ``kwargs``.
 
     Inside a rollout the span is a :class:`~.deferred.DeferredSpan`: the request is
     snapshotted (the agent will append to its message list) and described when the
     rollout materialises its spans, its input as a delta of an earlier call's
-    (:mod:`.input_delta`); outside one, a real span starts now.
+    (:mod:`.input_delta`); outside one, a real span starts now.  ``context``: the
+    OpenTelemetry context current at the call, when the caller has it already (it makes the
+    span current in it right after).
     """
     scope = current_rollout()
     pending = scope.pending_spans if scope is not None else None
     if pending is not None:
-        request = {k: v for k, v in kwargs.items() if k != "messages"}  # a list per call would be O(turns²)
-
-        def open_span(tail: list[Any], base: tuple[int, int] | None) -> Any:
-            start = functools.partial(_start_span, layer, request, provider, base_url, token_ids_requested, tail, base=base)
-            return pending.open(start, functools.partial(_describe_call, layer, request, tail, base))
-
-        span = pending.inputs.open(layer, messages if messages is not None else kwargs.get("messages") or (), open_span)
-        parent = trace.get_current_span()
-        layers.note_start(parent, span.get_span_context().span_id, parent_is_plain=parent is scope._span)  # real spans: on_start
+        request = kwargs.copy()
+        request.pop("messages", None)  # a list per call would be O(turns²)
+        if context is None:
+            context = otel_context.get_current()
+        parent = trace.get_current_span(context)
+        span_id = new_span_id()
+        tail, base = pending.inputs.open(layer, messages if messages is not None else kwargs.get("messages") or (), span_id)
+        start = functools.partial(_start_span, layer, request, provider, base_url, token_ids_requested, tail, base=base)
+        describe = functools.partial(_describe_call, layer, request, tail, base)
+        span = pending.open(start, describe, context=context, parent_span=parent, span_id=span_id)
+        layers.note_start(parent, span_id, parent_is_plain=parent is scope._span)  # real spans: on_start
         return span
     return _start_span(layer, kwargs, provider, base_url, token_ids_requested, messages)
 

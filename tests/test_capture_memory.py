@@ -189,14 +189,6 @@ async def test_export_memory_is_bounded(client, collect):
 
 def test_recent_calls_compared_are_bounded():
     history = input_delta.InputHistory()
-
-    class Span:
-        def __init__(self, span_id: int) -> None:
-            self.span_id = span_id
-
-        def get_span_context(self) -> Any:
-            return self
-
     for index in range(20):
-        history.open("openai", [{"role": "user", "content": str(index)}], lambda tail, base, i=index: Span(i + 1))
+        history.open("openai", [{"role": "user", "content": str(index)}], index + 1)
     assert len(history._recent["openai"]) == input_delta.RECENT_CALLS
