@@ -25,7 +25,11 @@ RAW = BENCH / "raw"
 
 # name -> arguments after `python bench/<name>.py` ({raw} is bench/raw); SCRIPTS names the
 # script where one runs twice with other arguments
-SCRIPTS = {"capture_overhead_turns": "capture_overhead", "capture_instructions_turns": "capture_instructions"}
+SCRIPTS = {
+    "capture_overhead_turns": "capture_overhead",
+    "capture_instructions_turns": "capture_instructions",
+    "capture_rounds_turns": "capture_rounds",
+}
 BENCHMARKS: dict[str, list[str]] = {
     "ceiling": ["--json", "{raw}/ceiling_only.json"],
     "serving_speed": ["--json", "{raw}/serving_speed_results.json"],
@@ -39,6 +43,8 @@ BENCHMARKS: dict[str, list[str]] = {
     "capture_overhead_turns": ["--calls", "1000", "--turns", "--json", "{raw}/capture_overhead_turns_results.json"],
     "capture_instructions": ["--json", "{raw}/capture_instructions_results.json"],
     "capture_instructions_turns": ["--turns", "--json", "{raw}/capture_instructions_turns_results.json"],
+    "capture_rounds": ["--rounds", "20", "--json", "{raw}/capture_rounds_results.json"],
+    "capture_rounds_turns": ["--rounds", "20", "--turns", "--json", "{raw}/capture_rounds_turns_results.json"],
     "capture_memory": [],
     "langgraph_overhead": [],
 }  # fmt: skip
