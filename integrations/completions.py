@@ -10,6 +10,7 @@ attributes.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any, NamedTuple
 
 
@@ -58,16 +59,29 @@ def extra_field(obj: Any, name: str) -> Any:
     return value
 
 
+_LOGPROB_KEY = operator.itemgetter("logprob")
+_LOGPROB_ATTRIBUTE = operator.attrgetter("logprob")
+
+
 def logprob_values(logprobs: Any) -> list[float] | None:
-    """The sampled tokens' logprobs of a choice's ``logprobs`` (None when it has none)."""
+    """The sampled tokens' logprobs of a choice's ``logprobs`` (None when it has none).
+
+    One entry per completion token: read by ``map`` (a loop in C) with the getter the first entry
+    needs; entries of mixed kinds take the per-entry loop.
+    """
     content = logprobs.get("content") if isinstance(logprobs, dict) else getattr(logprobs, "content", None)
     if not content:
         return None
-    return [float(e["logprob"] if isinstance(e, dict) else e.logprob) for e in content]
+    getter = _LOGPROB_KEY if isinstance(content[0], dict) else _LOGPROB_ATTRIBUTE
+    try:
+        return list(map(float, map(getter, content)))
+    except (AttributeError, KeyError, TypeError):
+        return [float(e["logprob"] if isinstance(e, dict) else e.logprob) for e in content]
 
 
 def ints(values: Any) -> list[int] | None:
-    return None if values is None else [int(v) for v in values]
+    """``[int(v) for v in values]``, looped in C (a completion's ids, per model call)."""
+    return None if values is None else list(map(int, values))
 
 
 def message_dict(message: Any) -> dict[str, Any]:

@@ -112,3 +112,21 @@ def test_a_prompt_repeated_across_histories_is_redacted_in_each() -> None:
         assert messages[0] == clean
         assert key not in str(messages) and r.REDACTED in messages[1]["content"]
         assert r.REDACTED in messages[2]["content"][0]["text"]
+
+
+def test_logprobs_and_ids_read_in_c_as_per_entry() -> None:
+    """``map`` with the first entry's getter, else the per-entry loop: the same values, the same errors."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    objects = SimpleNamespace(content=[SimpleNamespace(logprob=-0.25), SimpleNamespace(logprob=-1)])
+    dicts = {"content": [{"logprob": -0.25}, {"logprob": -1}]}
+    mixed = {"content": [{"logprob": -0.25}, SimpleNamespace(logprob=-1)]}
+    for logprobs in (objects, dicts, mixed):
+        values = completions.logprob_values(logprobs)
+        assert values == [-0.25, -1.0] and all(type(v) is float for v in values)
+    assert completions.logprob_values({"content": []}) is None
+    with pytest.raises(KeyError):
+        completions.logprob_values({"content": [{"logprob": -1}, {"token": "x"}]})
+    assert completions.ints((1, True, 3)) == [1, 1, 3] and completions.ints(None) is None
