@@ -300,24 +300,34 @@ def _resolve_deltas(calls: list[ModelCall], tally: _ErrorTally) -> None:
     """Full inputs for calls whose span stored a delta (``input_delta.py``): base prefix + own tail.
 
     Iterative (a chain is as long as the rollout); inputs and keys of a chain share their items.
+    Calls usually come in call order, their base resolved already: one lookup each.
     """
     by_span = {call.span_id: call for call in calls}
     for call in calls:
+        if call.base is None:
+            continue
+        base = by_span.get(call.base[0])
+        if base is not None and base.base is None:
+            _apply_base(call, base, tally)
+            continue
         chain = []
         current: ModelCall | None = call
         while current is not None and current.base is not None and current not in chain:
             chain.append(current)
             current = by_span.get(current.base[0])
         for link in reversed(chain):
-            base = by_span.get(link.base[0])  # type: ignore[index]
-            prefix = link.base[1]  # type: ignore[index]
-            link.base = None
-            if base is None or base.base is not None or prefix > len(base.inputs):
-                tally.add("capture_input_base_missing", LookupError(f"span {link.span_id:016x}: base input unavailable"))
-                continue
-            link.inputs = base.inputs[:prefix] + link.inputs
-            link.keys = base.keys[:prefix] + link.keys
+            _apply_base(link, by_span.get(link.base[0]), tally)  # type: ignore[index]
 
+
+def _apply_base(call: ModelCall, base: ModelCall | None, tally: _ErrorTally) -> None:
+    """``call``'s full input: the first ``prefix`` messages of its (resolved) base's, then its own."""
+    prefix = call.base[1]  # type: ignore[index]
+    call.base = None
+    if base is None or base.base is not None or prefix > len(base.inputs):
+        tally.add("capture_input_base_missing", LookupError(f"span {call.span_id:016x}: base input unavailable"))
+        return
+    call.inputs = base.inputs[:prefix] + call.inputs
+    call.keys = base.keys[:prefix] + call.keys
 
 
 def _same_call(a: ModelCall, b: ModelCall) -> bool:

@@ -69,7 +69,7 @@ def model_call(
         finish_reason=finish,
         model=model or None,
         response_id=response_id,
-        usage=(_count(field(usage, "prompt_tokens")), _count(field(usage, "completion_tokens"))),
+        usage=_counts(usage),
         record=TokenRecord(response_id, span_id, *tokens) if tokens is not None else None,
         keys=[canonical(m) for m in inputs],
         base=(int(base[0]), int(base[1])) if base is not None else None,
@@ -77,6 +77,7 @@ def model_call(
     )
 
 
-def _count(value: Any) -> int:
-    """A usage count as the span path keeps it (only ints are written; absent reads as 0)."""
-    return int(value) if isinstance(value, int) else 0
+def _counts(usage: Any) -> tuple[int, int]:
+    """(prompt, completion) token counts as the span path keeps them (only ints are written; absent reads as 0)."""
+    prompt, completion = field(usage, "prompt_tokens"), field(usage, "completion_tokens")
+    return (int(prompt) if isinstance(prompt, int) else 0, int(completion) if isinstance(completion, int) else 0)

@@ -130,3 +130,35 @@ def test_logprobs_and_ids_read_in_c_as_per_entry() -> None:
     with pytest.raises(KeyError):
         completions.logprob_values({"content": [{"logprob": -1}, {"token": "x"}]})
     assert completions.ints((1, True, 3)) == [1, 1, 3] and completions.ints(None) is None
+
+
+def test_deltas_resolve_alike_in_any_order() -> None:
+    """Calls in call order take one lookup each; shuffled, the chain walk gives the same inputs."""
+    from tracerl.integrations import convert
+    from tracerl.integrations.messages import canonical
+
+    def calls() -> list:
+        out = []
+        for index in range(6):
+            tail = [{"role": "user", "content": f"turn {index}"}]
+            base = (index, index) if index else None  # each call continues the previous one's whole input
+            out.append(convert.ModelCall(
+                span_id=index + 1, start=index, end=index, layer="openai", priority=0, inputs=tail,
+                output={"role": "assistant", "content": "ok"}, keys=[canonical(m) for m in tail], base=base,
+            ))  # fmt: skip
+        return out
+
+    in_order = calls()
+    convert._resolve_deltas(in_order, convert._ErrorTally())
+    assert [m["content"] for m in in_order[-1].inputs] == [f"turn {i}" for i in range(6)]
+    for seed in range(5):
+        shuffled = calls()
+        random.Random(seed).shuffle(shuffled)
+        tally = convert._ErrorTally()
+        convert._resolve_deltas(shuffled, tally)
+        assert tally.count == 0
+        assert sorted((c.span_id, c.inputs, c.keys) for c in shuffled) == sorted((c.span_id, c.inputs, c.keys) for c in in_order)
+    orphan = calls()[3:]  # their first base is gone
+    tally = convert._ErrorTally()
+    convert._resolve_deltas(orphan, tally)
+    assert tally.count == 3 and all(c.base is None for c in orphan)  # each one's base input is short of its prefix
