@@ -37,6 +37,7 @@ GOAL = 0.3
 PARTS = {
     "call path (cpu added)": lambda r: r["added_us"]["tracerl"]["cpu"],
     "rollout end": lambda r: r["rollout_end_us_per_call"],
+    "rollout end, token ids requested": lambda r: r["rollout_end_us_per_call_token_ids"],
     "OpenInference (cpu added)": lambda r: r["added_us"]["openinference"]["cpu"],
     "uninstrumented call (cpu)": lambda r: r["uninstrumented_cpu_us"],
 }

@@ -17,6 +17,7 @@ def _round(call_path: float, end: float, openinference: float) -> dict:
     return {
         "added_us": {"tracerl": {"cpu": call_path}, "openinference": {"cpu": openinference}},
         "rollout_end_us_per_call": end,
+        "rollout_end_us_per_call_token_ids": 2 * end,
         "total_ratio_cpu": (call_path + end) / openinference,
         "uninstrumented_cpu_us": 2000.0,
     }
