@@ -58,7 +58,7 @@ class ChunkAccumulator:
                 if ids:  # extended in place: a stream of n chunks is O(n), not O(n²)
                     if self.token_ids is None:
                         self.token_ids = []
-                    self.token_ids.extend(ints(ids) or ())
+                    self.token_ids.extend(map(int, ids))
                 values = logprob_values(field(choice, "logprobs"))
                 if values:
                     if self.logprobs is None:
