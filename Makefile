@@ -54,10 +54,10 @@ $(RAY_STAMP): $(STAMP)
 
 install-ray: $(RAY_STAMP)
 
-# jemalloc under the trainer: ~0.9 GB less peak per training step than glibc's malloc (tracerl.allocator).
+# jemalloc under the trainer: ~0.9 GB less peak per training step than glibc's malloc (tracerl.train.allocator).
 # Best effort: installed with apt when this runs as root on Debian/Ubuntu, otherwise a hint; nothing needs it.
 install-jemalloc: $(STAMP)
-	@$(BIN)/python -m tracerl.allocator >/dev/null 2>&1 \
+	@$(BIN)/python -m tracerl.train.allocator >/dev/null 2>&1 \
 	|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	     && { apt-get install -y -q libjemalloc2 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libjemalloc2 >/dev/null; }; }; } \
 	|| echo "note: no jemalloc (apt-get install libjemalloc2): the demo runs on glibc malloc, ~0.9 GB more peak memory"

@@ -2,7 +2,7 @@
 
 Why this exists: PyTorch's CPU tensors come straight from ``malloc``, and a training step frees
 thousands of activation-sized tensors; how the allocator treats that freed memory decides how
-far the step's peak rises above what it really holds (``tracerl.allocator``).
+far the step's peak rises above what it really holds (``tracerl.train.allocator``).
 
 The step is tracerl's own (``pack_sequences`` + ``LoRATrainer.step``, gradient checkpointing on,
 as in the demo) on a randomly initialised Llama with SmolLM2-135M's shape (``gpu_check``'s model
@@ -61,11 +61,11 @@ def worker(side: str, steps: int, folder: Path) -> dict[str, Any]:
         libc.mallopt(-3, int(spec["mallopt_mmap_mb"] * 2**20))  # M_MMAP_THRESHOLD
     from gpu_check import SMOLLM2_135M, random_words
 
-    from tracerl.allocator import active_allocator
-    from tracerl.grpo import equal_trajectory_weights
-    from tracerl.packing import pack_sequences
-    from tracerl.tokenization import TrainingSequence
-    from tracerl.trainer import LoRASettings, LoRATrainer, StepConfig
+    from tracerl.train.allocator import active_allocator
+    from tracerl.train.grpo import equal_trajectory_weights
+    from tracerl.train.packing import pack_sequences
+    from tracerl.train.tokenization import TrainingSequence
+    from tracerl.train.trainer import LoRASettings, LoRATrainer, StepConfig
 
     trainer = LoRATrainer(folder, lora=LoRASettings(r=16, alpha=32), device="cpu", gradient_checkpointing=True)
     if spec["decay"] is not None:  # undo tracerl's setting: jemalloc as it comes
@@ -111,7 +111,7 @@ def worker(side: str, steps: int, folder: Path) -> dict[str, Any]:
 
 
 def run_side(side: str, steps: int, folder: Path, jemalloc: Path | None) -> dict[str, Any]:
-    from tracerl.allocator import RELAUNCHED
+    from tracerl.train.allocator import RELAUNCHED
 
     env = dict(os.environ)
     env[RELAUNCHED] = "1"  # the worker picks its allocator here, not by relaunching
@@ -141,7 +141,7 @@ def main() -> None:
     from ceiling import describe, measure_ceiling
     from gpu_check import SMOLLM2_135M, write_random_model
 
-    from tracerl.allocator import find_jemalloc
+    from tracerl.train.allocator import find_jemalloc
 
     jemalloc = find_jemalloc()
     sides = [s for s in args.sides.split(",") if s]

@@ -77,7 +77,7 @@ def write_random_model(shape: dict[str, Any], folder: Path, device: str, seed: i
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from tracerl.devices import dtype_for
+    from tracerl.inference.devices import dtype_for
 
     shape = dict(shape)
     rope_theta = shape.pop("rope_theta")
@@ -132,10 +132,10 @@ def measure_train(folder: Path, shape: dict[str, Any], args: argparse.Namespace)
     """Median wall time of ``LoRATrainer.step`` on packed GRPO groups, after warm-up."""
     import torch
 
-    from tracerl.grpo import equal_trajectory_weights
-    from tracerl.packing import pack_sequences
-    from tracerl.tokenization import TrainingSequence
-    from tracerl.trainer import LoRASettings, LoRATrainer, StepConfig
+    from tracerl.train.grpo import equal_trajectory_weights
+    from tracerl.train.packing import pack_sequences
+    from tracerl.train.tokenization import TrainingSequence
+    from tracerl.train.trainer import LoRASettings, LoRATrainer, StepConfig
 
     _reset_peak(args.device)
     trainer = LoRATrainer(folder, lora=LoRASettings(r=8, alpha=16), device=args.device)

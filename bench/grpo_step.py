@@ -113,10 +113,10 @@ def trim_heap() -> None:
 
 # --- the sides (each builds a ``step() -> metrics`` closure) -------------------------------
 def build_tracerl(args: argparse.Namespace, model_path: str, distinct: bool) -> tuple[Any, dict[str, Any]]:
-    from tracerl.grpo import LossFn, equal_trajectory_weights
-    from tracerl.packing import pack_sequences
-    from tracerl.tokenization import TrainingSequence
-    from tracerl.trainer import LoRASettings, LoRATrainer, StepConfig
+    from tracerl.train.grpo import LossFn, equal_trajectory_weights
+    from tracerl.train.packing import pack_sequences
+    from tracerl.train.tokenization import TrainingSequence
+    from tracerl.train.trainer import LoRASettings, LoRATrainer, StepConfig
 
     trainer = LoRATrainer(model_path, lora=LoRASettings(r=args.r, alpha=args.alpha, dropout=0.0), device="cpu")
     base = trainer.model.get_base_model()
@@ -412,7 +412,7 @@ def local_backend_budget() -> int:
     """``LocalBackend``'s own ``micro_batch_tokens`` default: the budget the trainer really packs with."""
     import inspect
 
-    from tracerl.local_backend import LocalBackend
+    from tracerl.train.local_backend import LocalBackend
 
     return int(inspect.signature(LocalBackend.__init__).parameters["micro_batch_tokens"].default)
 

@@ -69,8 +69,8 @@ def make_policy(model_path: Path, adapter: Path, merged: Path) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from tracerl.merged_weights import write_merged_model
-    from tracerl.trainer import DEFAULT_TARGET_MODULES
+    from tracerl.train.merged_weights import write_merged_model
+    from tracerl.train.trainer import DEFAULT_TARGET_MODULES
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0, target_modules=list(DEFAULT_TARGET_MODULES), task_type="CAUSAL_LM")

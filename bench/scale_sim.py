@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 
 import tracerl
-from tracerl.inference._http import free_port
+from tracerl.net.http_server import free_port
 
 HERE = Path(__file__).resolve().parent
 SYSTEM = "You are a careful calculator agent. Think step by step, call tools when useful, answer briefly."
@@ -223,7 +223,7 @@ class Driver:
         if args.client_pool != "tracerl":
             from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-            from tracerl.http_pool import ShardedTransport, http_module_of
+            from tracerl.net.http_pool import ShardedTransport, http_module_of
             from tracerl.model import _tag_group
 
             for m in (self.model, *self.direct):

@@ -61,7 +61,7 @@ def make_adapter(model_path: Path, target: Path) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from tracerl.trainer import DEFAULT_TARGET_MODULES, LoRASettings
+    from tracerl.train.trainer import DEFAULT_TARGET_MODULES, LoRASettings
 
     settings = LoRASettings()
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

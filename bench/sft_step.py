@@ -6,7 +6,7 @@ question, a one-sentence answer; only the answer and its end-of-turn token are t
 order (no shuffling), same batch size, constant learning rate, AdamW (betas 0.9/0.99, no
 weight decay), grad-norm clip 1.0, per-token loss normalisation on both sides.
 
-* tracerl: ``tracerl.sft.prepare`` (chat template, tokenization) + ``tracerl.sft.run_sft``
+* tracerl: ``tracerl.train.sft.prepare`` (chat template, tokenization) + ``tracerl.train.sft.run_sft``
   (GRPO's packer: several examples per row, block-diagonal mask, the shared system prompt
   computed once; ``LoRATrainer.apply_update``) — what ``LocalBackend.train_sft`` runs before
   committing the checkpoint.
@@ -58,10 +58,10 @@ def run_ours(args: argparse.Namespace, model_path: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from tracerl.sft import prepare, run_sft
-    from tracerl.sft_config import SFTConfig
-    from tracerl.sft_data import as_sft_examples
-    from tracerl.trainer import LoRASettings, LoRATrainer
+    from tracerl.train.sft import prepare, run_sft
+    from tracerl.train.sft_config import SFTConfig
+    from tracerl.train.sft_data import as_sft_examples
+    from tracerl.train.trainer import LoRASettings, LoRATrainer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     trainer = LoRATrainer(model_path, lora=LoRASettings(r=args.r, alpha=args.alpha, target_modules=tuple(TARGETS)))

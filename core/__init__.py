@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .backend import Backend
-from .dataset import iterate_dataset
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -33,19 +31,20 @@ from .errors import (
     TrajectoryError,
 )
 from .gather import gather_trajectories, gather_trajectory_groups
-from .model import Model, TrainableModel
+from .model import Backend, Model, TrainableModel
 from .redact import install_log_filter as _install_log_filter
 from .retry import retry
+from .train.dataset import iterate_dataset
 from .types import Choice, DatasetBatch, ExceptionRecord, History, TrainResult, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracerl.integrations import rollout, trajectory, trajectory_group
 
-    from .distill import CompletionsTeacher, add_teacher_advantages, served_teacher, with_worked_examples
-    from .local_backend import LocalBackend
-    from .remote_backend import RemoteBackend
-    from .sft_config import SFTConfig, TrainSFTConfig, create_lr_schedule
-    from .sft_data import filter_by_reward, load_sft_file
+    from .serve.remote_backend import RemoteBackend
+    from .train.distill import CompletionsTeacher, add_teacher_advantages, served_teacher, with_worked_examples
+    from .train.local_backend import LocalBackend
+    from .train.sft_config import SFTConfig, TrainSFTConfig, create_lr_schedule
+    from .train.sft_data import filter_by_reward, load_sft_file
 
 __version__ = "0.1.0"
 _install_log_filter()  # tracerl's own log records are redacted too (tracerl.redact)
@@ -102,17 +101,17 @@ __all__ = [
 ]
 
 _LAZY = {
-    "CompletionsTeacher": "tracerl.distill",
-    "add_teacher_advantages": "tracerl.distill",
-    "served_teacher": "tracerl.distill",
-    "with_worked_examples": "tracerl.distill",
-    "LocalBackend": "tracerl.local_backend",
-    "RemoteBackend": "tracerl.remote_backend",
-    "SFTConfig": "tracerl.sft_config",
-    "TrainSFTConfig": "tracerl.sft_config",
-    "create_lr_schedule": "tracerl.sft_config",
-    "filter_by_reward": "tracerl.sft_data",
-    "load_sft_file": "tracerl.sft_data",
+    "CompletionsTeacher": "tracerl.train.distill",
+    "add_teacher_advantages": "tracerl.train.distill",
+    "served_teacher": "tracerl.train.distill",
+    "with_worked_examples": "tracerl.train.distill",
+    "LocalBackend": "tracerl.train.local_backend",
+    "RemoteBackend": "tracerl.serve.remote_backend",
+    "SFTConfig": "tracerl.train.sft_config",
+    "TrainSFTConfig": "tracerl.train.sft_config",
+    "create_lr_schedule": "tracerl.train.sft_config",
+    "filter_by_reward": "tracerl.train.sft_data",
+    "load_sft_file": "tracerl.train.sft_data",
     "rollout": "tracerl.integrations",
     "trajectory": "tracerl.integrations",
     "trajectory_group": "tracerl.integrations",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from . import __version__
 from .model import DEFAULT_BASE_PATH
 
 app = typer.Typer(
@@ -15,6 +17,30 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tracerl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    log_level: str = typer.Option("warning", "--log-level", help=f"How much tracerl logs: {', '.join(LOG_LEVELS)}."),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="Log more: -v is info, -vv is debug (overrides --log-level)."),
+) -> None:
+    """Options that apply to every command."""
+    level = log_level.lower()
+    if level not in LOG_LEVELS:
+        raise typer.BadParameter(f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    if verbose:
+        level = "info" if verbose == 1 else "debug"
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("tracerl").setLevel(level.upper())
 
 
 @app.command("prepare-model")
@@ -31,7 +57,7 @@ def list_models(base_path: Path = typer.Option(Path(DEFAULT_BASE_PATH), help="Da
     from rich.console import Console
     from rich.table import Table
 
-    from .storage import RunDir
+    from .runs.storage import RunDir
 
     table = Table("project", "model", "base model", "step", "history rows")
     for model_json in sorted(base_path.glob("*/models/*/model.json")):
@@ -52,7 +78,7 @@ def history(
     from rich.console import Console
     from rich.table import Table
 
-    from .storage import RunDir
+    from .runs.storage import RunDir
 
     report = RunDir(base_path, project, name).history_report()
     table = Table("step", *metric)
@@ -73,8 +99,8 @@ def plot(
     metric: list[str] = typer.Option(["train/reward", "val/reward"], help="Metrics to plot (repeatable)."),
 ) -> None:
     """Plot metrics from history.jsonl against the step and save a PNG."""
-    from .plots import plot_history
-    from .storage import RunDir
+    from .runs.plots import plot_history
+    from .runs.storage import RunDir
 
     plot_history(RunDir(base_path, project, name).read_history(), metric, out, title=f"{project}/{name}")
     typer.echo(out)
@@ -110,8 +136,8 @@ def serve(
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
 
-    from .serve_auth import InsecureBindError, check_bind, is_loopback
-    from .serve_auth import generate_token as new_token
+    from .serve.auth import InsecureBindError, check_bind, is_loopback
+    from .serve.auth import generate_token as new_token
 
     token = token or None
     if token is None and generate_token:
@@ -125,14 +151,14 @@ def serve(
     if token is None and not is_loopback(host):
         typer.echo(f"tracerl serve: WARNING: --insecure-no-auth: anyone who can reach {host}:{port} may register, train and delete", err=True)
 
-    from .local_backend import LocalBackend
-    from .serve import create_app
+    from .serve.server import create_app
+    from .train.local_backend import LocalBackend
 
     if not max_body_mb > 0:
         raise typer.BadParameter("must be > 0", param_hint="--max-body-mb")
     if not inference_timeout > 0:
         raise typer.BadParameter("must be > 0", param_hint="--inference-timeout")
-    from .serve_policy import ModelPolicy
+    from .serve.policy import ModelPolicy
 
     try:
         policy = ModelPolicy(models_dir, allow_hub_downloads=allow_hub_downloads, max_lora_rank=max_lora_rank, max_models=max_models)
@@ -193,8 +219,8 @@ def sft(
 
     from .errors import TracerlError
     from .model import TrainableModel
-    from .sft_config import SFTConfig
-    from .sft_data import load_sft_file
+    from .train.sft_config import SFTConfig
+    from .train.sft_data import load_sft_file
 
     try:
         config = SFTConfig(
@@ -211,8 +237,8 @@ def sft(
         raise typer.Exit(code=1)
 
     async def run() -> object:
-        from .local_backend import LocalBackend
-        from .remote_backend import RemoteBackend
+        from .serve.remote_backend import RemoteBackend
+        from .train.local_backend import LocalBackend
 
         backend = RemoteBackend(remote, token=token) if remote else LocalBackend(base_path, inference=None)
         trainable = TrainableModel(model, project, base_model, base_path=base_path)

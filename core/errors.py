@@ -38,7 +38,7 @@ class NonFiniteError(TracerlError, FloatingPointError):
 class InsufficientMemoryError(TracerlError, MemoryError):
     """A GPU has too little free memory for the model about to be loaded onto it.
 
-    Raised before loading (see ``tracerl.devices``), with the numbers: ``free_bytes``,
+    Raised before loading (see ``tracerl.inference.devices``), with the numbers: ``free_bytes``,
     ``total_bytes`` and ``need_bytes``, and a message saying what to do."""
 
     def __init__(self, message: str, *, free_bytes: int, total_bytes: int, need_bytes: int) -> None:

@@ -1,8 +1,9 @@
-"""``Model`` (any OpenAI-compatible endpoint) and ``TrainableModel`` (a LoRA we train).
+"""``Model`` (any OpenAI-compatible endpoint), ``TrainableModel`` (a LoRA we train) and ``Backend``.
 
 Rollout code only needs ``openai_client()`` / ``litellm_completion_params()`` and
 ``get_inference_name()``; which backend trains and serves the model is chosen once,
-by ``await model.register(backend)``.
+by ``await model.register(backend)``.  The ``Backend`` interface lives here, beside the model
+it serves, because each names the other: apart they would import each other.
 """
 
 from __future__ import annotations
@@ -11,19 +12,17 @@ import logging
 import math
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, runtime_checkable
 
-from .durable import JsonlReport, dumps_jsonl
 from .errors import CheckpointError, ConfigError
-from .storage import RunDir, history_row, logged_splits, validate_name
+from .runs.durable import JsonlReport, dumps_jsonl
+from .runs.storage import RunDir, history_row, logged_splits, validate_name
 from .timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout
-from .types import TrainResult, Trajectory, TrajectoryGroup
-from .validation import check_groups, lora_values
+from .types import TrainResult, Trajectory, TrajectoryGroup, check_groups
+from .validation import lora_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from openai import AsyncOpenAI
-
-    from .backend import Backend
 
 DEFAULT_BASE_PATH = ".tracerl"
 logger = logging.getLogger("tracerl")
@@ -78,9 +77,9 @@ class Model:
         if self._client is None or self._client_key != key:
             from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-            from .http_pool import http_module_of, openai_transport
+            from .net.http_pool import http_module_of, openai_transport
 
-            # a pool that stays cheap with 1,000 rollouts in flight, at less CPU per call (see tracerl.http_pool)
+            # a pool that stays cheap with 1,000 rollouts in flight, at less CPU per call (see tracerl.net.http_pool)
             self._client = AsyncOpenAI(
                 base_url=self.inference_base_url,
                 api_key=self.inference_api_key or "tracerl",
@@ -283,9 +282,41 @@ def aggregate_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
 async def _tag_group(request: Any) -> None:
     """Name the rollout group on each model call (header ``x-tracerl-group``), so a router in front
     of several replicas keeps a group's calls on one of them (its shared prompt is cached there)."""
-    from .cluster.router import GROUP_HEADER
+    from .cluster.routing import GROUP_HEADER
     from .types import current_group_id
 
     group = current_group_id()
     if group is not None and GROUP_HEADER not in request.headers:
         request.headers[GROUP_HEADER] = group
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Who serves and trains a ``TrainableModel``.
+
+    Implementations: :class:`tracerl.LocalBackend` (this machine, CPU or GPU) and
+    :class:`tracerl.RemoteBackend` (the HTTP client of ``tracerl serve``, which wraps a
+    ``LocalBackend`` on the machine with the GPUs, so rollouts can stay on a laptop).  Backend
+    knobs are explicit keyword arguments of ``train``; an unknown keyword is a ``TypeError``.
+    """
+
+    async def register(self, model: "Model") -> None:
+        """Prepare storage for ``model`` and, if trainable, start serving its latest step."""
+
+    async def train(self, model: "Model", groups: Iterable["TrajectoryGroup"], **kwargs: object) -> "TrainResult":
+        """Run one GRPO step on ``groups``, save checkpoint ``step+1``, serve it, return the result."""
+
+    async def train_sft(self, model: "Model", trajectories: Any, config: Any = None, **kwargs: object) -> "TrainResult":
+        """Supervised fine-tuning of the same LoRA (one checkpoint step, served as ``name@step``; ``tracerl.train.sft``)."""
+
+    async def get_step(self, model: "Model") -> int:
+        """The model's latest complete checkpoint step."""
+
+    async def list_checkpoints(self, model: "Model") -> list[int]:
+        """Steps of the model's complete checkpoints where this backend keeps them, oldest first."""
+
+    async def delete_checkpoints(self, model: "Model", keep: list[int]) -> list[int]:
+        """Delete every checkpoint not in ``keep`` (the latest is always kept); return the deleted steps."""
+
+    async def close(self) -> None:
+        """Stop servers and release the trainer."""

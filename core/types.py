@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import traceback as traceback_module
 import uuid
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Iterable, Union
+from typing import Annotated, Any, Iterable, Sequence, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from .errors import TrajectoryError
 from .redact import redact_text
-from .validation import check_logprobs, check_metrics, check_token_advantages, check_token_ids, finite_reward
+from .validation import (
+    check_logprobs,
+    check_metrics,
+    check_token_advantages,
+    check_token_ids,
+    describe_group,
+    describe_trajectory,
+    finite_reward,
+    is_number,
+)
 
 Message = dict[str, Any]
 """An OpenAI-style chat message (``role``, ``content``, optional ``tool_calls`` / ``tool_call_id``)."""
@@ -88,7 +98,7 @@ class Choice(_Checked):
     token_advantages: list[float] | None = None
     """Per-token advantage of each completion token, *added* to the group's reward advantage by
     ``backend.train`` (same length as ``token_ids``).  On-policy distillation writes
-    ``−kl_coef · (logπ_student − logπ_teacher)`` here (:func:`tracerl.distill.add_teacher_advantages`)."""
+    ``−kl_coef · (logπ_student − logπ_teacher)`` here (:func:`tracerl.train.distill.add_teacher_advantages`)."""
 
     @field_validator("message", mode="before")
     @classmethod
@@ -421,3 +431,32 @@ class DatasetBatch:
     step: int
     epoch: int
     epoch_step: int
+
+
+def check_groups(groups: Sequence[Any], *, vocab_size: int | None = None) -> None:
+    """Every reward, metric, sampler logprob and token id of ``groups``, again.
+
+    The types checked them when they were set; this catches what was changed in place since
+    (``t.metrics["x"] = nan``, ``choice.token_ids[0] = -1``).  ``vocab_size`` (the model's
+    embedding rows) bounds the token ids.  The error names the group, the trajectory, the
+    history and the turn.
+    """
+    for g, group in enumerate(groups):
+        if not isinstance(group, TrajectoryGroup):
+            raise TrajectoryError(f"group {g}: expected a TrajectoryGroup, got {type(group).__name__}")
+        check_metrics(group.metrics, f"{describe_group(g, group)}: metrics")
+        for i, trajectory in enumerate(group.trajectories):
+            if not isinstance(trajectory, Trajectory):
+                raise TrajectoryError(f"{describe_group(g, group)}, trajectory {i}: expected a Trajectory, got {type(trajectory).__name__}")
+            where = describe_trajectory(g, group, i, trajectory)
+            if not is_number(trajectory.reward) or not math.isfinite(trajectory.reward):
+                raise TrajectoryError(f"{where}: reward is {trajectory.reward!r}; rewards must be finite numbers")
+            check_metrics(trajectory.metrics, f"{where}: metrics")
+            for h, history in enumerate(trajectory.histories()):
+                for turn, item in enumerate(history.messages_and_choices):
+                    if isinstance(item, Choice):
+                        at = f"{where}, history {h}, turn {turn}"
+                        check_logprobs(item.logprobs, at)
+                        check_token_ids(item.prompt_token_ids, f"{at}, prompt", vocab_size)
+                        check_token_ids(item.token_ids, f"{at}, completion", vocab_size)
+                        check_token_advantages(item.token_advantages, item.token_ids, at)

@@ -5,7 +5,7 @@ does, and one bad value is enough to spoil it: a NaN reward turns every advantag
 group into NaN, a NaN learning rate turns the adapter into NaN, an id outside the vocabulary
 poisons a GPU process at the embedding.  So the pydantic types check their fields at
 construction *and* assignment (with these functions), and ``backend.train`` / ``model.log``
-check everything again (:func:`check_groups`), because a dict or list can still be changed
+check everything again (:func:`tracerl.types.check_groups`), because a dict or list can still be changed
 in place (``t.metrics["x"] = nan``) after it was validated.
 
 The module imports no torch: a bad argument fails before any model is loaded, and the
@@ -107,7 +107,7 @@ def _positive(name: str, value: Any, *, allow_zero: bool = False) -> None:
 
 
 def _choice(name: str, value: Any, allowed: Iterable[str]) -> str:
-    text = getattr(value, "value", value)  # the enums of tracerl.grpo are str enums
+    text = getattr(value, "value", value)  # the enums of tracerl.train.grpo are str enums
     if text not in tuple(allowed):
         raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
     return str(text)
@@ -268,34 +268,3 @@ def describe_group(index: int, group: Any) -> str:
 def describe_trajectory(group_index: int, group: Any, index: int, trajectory: Any) -> str:
     """``"group 2 (task ...), trajectory 1 (id 3f2a...)"``: how errors name a trajectory."""
     return f"{describe_group(group_index, group)}, trajectory {index} (id {getattr(trajectory, 'id', '?')})"
-
-
-def check_groups(groups: Sequence[Any], *, vocab_size: int | None = None) -> None:
-    """Every reward, metric, sampler logprob and token id of ``groups``, again.
-
-    The types checked them when they were set; this catches what was changed in place since
-    (``t.metrics["x"] = nan``, ``choice.token_ids[0] = -1``).  ``vocab_size`` (the model's
-    embedding rows) bounds the token ids.  The error names the group, the trajectory, the
-    history and the turn.
-    """
-    from .types import Choice, Trajectory, TrajectoryGroup
-
-    for g, group in enumerate(groups):
-        if not isinstance(group, TrajectoryGroup):
-            raise TrajectoryError(f"group {g}: expected a TrajectoryGroup, got {type(group).__name__}")
-        check_metrics(group.metrics, f"{describe_group(g, group)}: metrics")
-        for i, trajectory in enumerate(group.trajectories):
-            if not isinstance(trajectory, Trajectory):
-                raise TrajectoryError(f"{describe_group(g, group)}, trajectory {i}: expected a Trajectory, got {type(trajectory).__name__}")
-            where = describe_trajectory(g, group, i, trajectory)
-            if not is_number(trajectory.reward) or not math.isfinite(trajectory.reward):
-                raise TrajectoryError(f"{where}: reward is {trajectory.reward!r}; rewards must be finite numbers")
-            check_metrics(trajectory.metrics, f"{where}: metrics")
-            for h, history in enumerate(trajectory.histories()):
-                for turn, item in enumerate(history.messages_and_choices):
-                    if isinstance(item, Choice):
-                        at = f"{where}, history {h}, turn {turn}"
-                        check_logprobs(item.logprobs, at)
-                        check_token_ids(item.prompt_token_ids, f"{at}, prompt", vocab_size)
-                        check_token_ids(item.token_ids, f"{at}, completion", vocab_size)
-                        check_token_advantages(item.token_advantages, item.token_ids, at)

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 import tracerl
-from tracerl.allocator import describe as describe_allocator
-from tracerl.allocator import relaunch_with_jemalloc
+from tracerl.train.allocator import describe as describe_allocator
+from tracerl.train.allocator import relaunch_with_jemalloc
 
 ADD_TOOL = {
     "type": "function",
@@ -206,7 +206,7 @@ def make_backend(args: argparse.Namespace) -> tracerl.LocalBackend:
     ample (a batch larger than the cache holds is preempted and recomputed, not lost).
     Gradient checkpointing of every second decoder layer keeps the trainer's step to ~1.4 GB
     of activations instead of ~2.3 GB, for ~15% more train time than none (every layer: ~0.5 GB,
-    +27%); jemalloc (:mod:`tracerl.allocator`) keeps the
+    +27%); jemalloc (:mod:`tracerl.train.allocator`) keeps the
     step's freed memory from piling up (~0.9 GB less peak than glibc's malloc)."""
     from tracerl.inference.vllm_server import vllm_python
 
@@ -279,11 +279,11 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def summarize(model: tracerl.TrainableModel, args: argparse.Namespace) -> None:
-    from tracerl.plots import plot_history
+    from tracerl.runs.plots import plot_history
 
     rows = model.history()
     val = [(r["step"], r["val/reward"]) for r in rows if "val/reward" in r]
-    out = plot_history(rows, ["train/reward", "val/reward"], Path(args.plot), title=f"calculator agent, seed {args.seed}")
+    out = plot_history(rows, ["train/reward", "val/reward"], Path(args.plot) if args.plot else model.run_dir.root / "reward_curve.png", title=f"calculator agent, seed {args.seed}")
     print(f"held-out reward: start {val[0][1]:.3f} (step {val[0][0]}) -> end {val[-1][1]:.3f} (step {val[-1][0]})")
     print(f"reward curve: {out}   history: {model.run_dir.history_path}")
 
@@ -308,7 +308,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kv-cache-mib", type=int, default=256, help="vLLM's KV cache (allocated up front)")
     p.add_argument(
         "--jemalloc", action=argparse.BooleanOptionalAction, default=True,
-        help="restart under jemalloc when one is installed (tracerl.allocator): ~0.9 GB less peak per step",
+        help="restart under jemalloc when one is installed (tracerl.train.allocator): ~0.9 GB less peak per step",
     )  # fmt: skip
     p.add_argument("--base-model", default="smollm2-135m")
     p.add_argument("--groups-per-step", type=int, default=2)
@@ -318,7 +318,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--max-minutes", type=float, default=18.0)
     p.add_argument("--data", default=".tracerl")
-    p.add_argument("--plot", default="docs/demo_reward_curve.png")
+    p.add_argument("--plot", default=None, help="reward curve PNG (default: reward_curve.png in the run directory)")
     return p.parse_args()
 
 

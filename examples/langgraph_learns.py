@@ -124,12 +124,12 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def summarize(model: tracerl.TrainableModel, args: argparse.Namespace, seconds: float) -> None:
-    from tracerl.plots import plot_history
+    from tracerl.runs.plots import plot_history
 
     rows = model.history()
     val = [(r["step"], r["val/reward"]) for r in rows if "val/reward" in r]
     title = f"LangGraph company agent, seed {args.seed}"
-    out = plot_history(rows, ["train/reward", "val/reward"], Path(args.plot or f"docs/langgraph_learns_seed{args.seed}.png"), title=title)
+    out = plot_history(rows, ["train/reward", "val/reward"], (Path(args.plot) if args.plot else model.run_dir.root / "reward_curve.png"), title=title)
     print(f"held-out reward: start {val[0][1]:.3f} (step {val[0][0]}) -> end {val[-1][1]:.3f} (step {val[-1][0]})")
     print(f"wall time {seconds / 60:.1f} min   reward curve: {out}   history: {model.run_dir.history_path}")
 
@@ -161,7 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=4)
     p.add_argument("--max-minutes", type=float, default=30.0)
     p.add_argument("--data", default=".tracerl")
-    p.add_argument("--plot", default=None, help="reward curve PNG (default: docs/langgraph_learns_seed{seed}.png)")
+    p.add_argument("--plot", default=None, help="reward curve PNG (default: reward_curve.png in the run directory)")
     p.add_argument("--tiny", action="store_true", help="2 steps of 1 task x 2 attempts, 2 held-out tasks (tests)")
     p.add_argument("--base-url", help="no training: score a few attempts against this OpenAI-compatible endpoint")
     p.add_argument("--model", default="base", help="served model name at --base-url")

@@ -80,7 +80,7 @@ def calculator_reward(task: Scenario, trajectory: tracerl.Trajectory) -> Reward:
 EXAMPLE = CheckedExample(
     name="calculator", title="MCP calculator agent", server=calculator_server(),
     judge=ExpectedAnswerJudge(calculator_reward, name="calculator"), scenarios=make_scenarios,
-    system_prompt=SYSTEM, few_shot=worked_examples(), max_tokens=40, plot="docs/mcp_rl_calculator_curve.png",
+    system_prompt=SYSTEM, few_shot=worked_examples(), max_tokens=40,
 )  # fmt: skip
 
 

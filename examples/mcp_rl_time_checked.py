@@ -138,7 +138,6 @@ EXAMPLE = CheckedExample(
     name="time-checked", title="mcp-server-time agent", server=time_server(),
     judge=ExpectedAnswerJudge(time_reward, name="time"), scenarios=make_scenarios,
     system_prompt=SYSTEM, few_shot=worked_examples(), max_tokens=64,  # a convert_time call is ~50 tokens
-    plot="docs/mcp_rl_time_checked_seed{seed}.png",
 )  # fmt: skip
 
 

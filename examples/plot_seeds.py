@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tracerl.plots import plot_seeds
+from tracerl.runs.plots import plot_seeds
 
 
 def read_history(path: Path) -> list[dict]:

@@ -186,11 +186,11 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await backend.close()
     result = {"seed": args.seed, "settings": vars(args), "sft_then_rl": first, "distill": second}
-    out = Path(args.out.format(seed=args.seed))
+    out = Path(args.out.format(data=args.data, seed=args.seed))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps({k: result[k] for k in ("sft_then_rl", "distill")}, default=str))
-    print(f"results: {out}   plot: {plot(out.parent, Path(args.plot))}")
+    print(f"results: {out}   plot: {plot(out.parent, Path(args.plot.format(data=args.data)))}")
 
 
 def plot(folder: Path, target: Path) -> Path:
@@ -237,8 +237,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--distill-lr", type=float, default=1e-4)
     p.add_argument("--eval-every", type=int, default=3, help="distillation steps between held-out evaluations")
     p.add_argument("--data", default=".tracerl")
-    p.add_argument("--out", default="docs/sft_then_rl_s{seed}.json")
-    p.add_argument("--plot", default="docs/sft_then_rl.png")
+    p.add_argument("--out", default="{data}/sft_then_rl_s{seed}.json", help="results JSON ({data} and {seed} are replaced)")
+    p.add_argument("--plot", default="{data}/sft_then_rl.png", help="held-out curves of every results JSON beside --out ({data} is replaced)")
     return p.parse_args()
 
 

@@ -75,7 +75,7 @@ def shaped_call_reward(
     return Reward(round(score, 4), f"tool {tool_ok}, args {args_ok}, answer {answer_ok}", metrics)
 
 
-def example_parser(description: str, *, max_tokens: int, plot: str) -> argparse.ArgumentParser:
+def example_parser(description: str, *, max_tokens: int, plot: str | None = None) -> argparse.ArgumentParser:
     """The flags every checked-answer example takes; ``plot`` may contain ``{name}`` and ``{seed}``."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=15)
@@ -89,7 +89,7 @@ def example_parser(description: str, *, max_tokens: int, plot: str) -> argparse.
     p.add_argument("--val-tasks", type=int, default=16)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--data", default=".tracerl")
-    p.add_argument("--plot", default=plot, help=f"reward curve PNG; {{name}} and {{seed}} are replaced (default: {plot})")
+    p.add_argument("--plot", default=plot, help=f"reward curve PNG; {{name}} and {{seed}} are replaced (default: {plot or 'reward_curve.png in the run directory'})")
     return p
 
 
@@ -109,8 +109,8 @@ class CheckedExample:
     few_shot: list[dict[str, Any]]
     max_tokens: int = 40
     """Default ``--max-tokens`` per model call: room for the target call, not for rambling."""
-    plot: str = "docs/mcp_rl_{name}_seed{seed}.png"
-    """Default ``--plot``; ``{name}`` and ``{seed}`` are replaced."""
+    plot: str | None = None
+    """Default ``--plot``; ``{name}`` and ``{seed}`` are replaced.  None: ``reward_curve.png`` in the run directory."""
 
 
 async def run_checked_example(example: CheckedExample, args: argparse.Namespace) -> tracerl.TrainableModel:
@@ -135,7 +135,7 @@ async def run_checked_example(example: CheckedExample, args: argparse.Namespace)
         )  # fmt: skip
     finally:
         await backend.close()
-    plot = Path(args.plot.format(name=example.name, seed=args.seed))
+    plot = Path(args.plot.format(name=example.name, seed=args.seed)) if args.plot else model.run_dir.root / "reward_curve.png"
     summarize(model, plot, f"{example.title}, seed {args.seed}", time.monotonic() - started)
     return model
 
@@ -155,7 +155,7 @@ def cli(example: CheckedExample, description: str, argv: list[str] | None = None
 
 def summarize(model: tracerl.TrainableModel, plot: Path, title: str, seconds: float) -> None:
     """Held-out reward at the first and last eval, wall time, and the reward curve saved to ``plot``."""
-    from tracerl.plots import plot_history
+    from tracerl.runs.plots import plot_history
 
     rows = model.history()
     val = [(r["step"], r["val/reward"]) for r in rows if "val/reward" in r]

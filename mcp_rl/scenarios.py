@@ -25,7 +25,7 @@ from tracerl.errors import JudgeError, JudgeTimeoutError, TracerlError
 from tracerl.ruler.cache import RulerCache, cache_key, resolve_cache
 from tracerl.ruler.client import complete, resolve_judge
 from tracerl.ruler.parse import AnswerProblem, extract_json
-from tracerl.storage import atomic_write_text
+from tracerl.runs.storage import atomic_write_text
 from tracerl.timeouts import within
 
 from .server import McpResource, McpTool

@@ -278,7 +278,7 @@ async def train_mcp_agent_locally(
     **kwargs: Any,
 ) -> McpRLResult:
     """``train_mcp_agent`` with a ``TrainableModel`` served and trained by a ``LocalBackend`` here."""
-    from tracerl.local_backend import LocalBackend
+    from tracerl.train.local_backend import LocalBackend
 
     model = tracerl.TrainableModel(name, project, base_model, base_path=base_path)
     backend = LocalBackend(inference=inference)  # type: ignore[arg-type]

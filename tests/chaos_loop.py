@@ -91,7 +91,7 @@ class Phases:
 
 def instrument(phases: Phases, steps: dict[str, int]) -> None:
     """Mark the commit (inside ``backend.train``) and the hot-load as phases of their own."""
-    import tracerl.local_backend as lb
+    import tracerl.train.local_backend as lb
     from tracerl.inference.transformers_server import TransformersServer
 
     commit = lb._commit_step

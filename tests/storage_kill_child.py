@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import tracerl
-from tracerl.storage import RunDir, atomic_dir
+from tracerl.runs.storage import RunDir, atomic_dir
 
 PROJECT, NAME = "faults", "m"
 SPEC = os.environ.get("KILL_AT", "")
@@ -161,7 +161,7 @@ def serve() -> None:
     the answer is ``{"returncode": ..., "result": ...}`` (returncode -9: it was SIGKILLed).
     """
     global SPEC
-    import tracerl.local_backend  # noqa: F401 - imported here once, not in every child
+    import tracerl.train.local_backend  # noqa: F401 - imported here once, not in every child
 
     for line in sys.stdin:
         request = json.loads(line)

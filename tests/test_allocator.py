@@ -1,4 +1,4 @@
-"""tracerl.allocator: which malloc runs, freed memory held during a step and released after it, the relaunch."""
+"""tracerl.train.allocator: which malloc runs, freed memory held during a step and released after it, the relaunch."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.allocator import find_jemalloc
+from tracerl.train.allocator import find_jemalloc
 
 # allocate ~256 MB in 64 KB blocks (below glibc's mmap threshold: they come from the heap), keep
 # every 16th alive so the heap cannot simply shrink from its top, free the rest, then release
 PROBE = textwrap.dedent("""
     import json, os, sys
-    from tracerl import allocator
+    from tracerl.train import allocator
 
     def rss_mb():
         return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) / 1024
@@ -65,7 +65,7 @@ def test_the_override_turns_jemalloc_off_or_names_a_copy(tmp_path: Path, monkeyp
 
 
 def test_off_means_no_relaunch() -> None:
-    code = "from tracerl import allocator; allocator.relaunch_with_jemalloc(); print(allocator.active_allocator())"
+    code = "from tracerl.train import allocator; allocator.relaunch_with_jemalloc(); print(allocator.active_allocator())"
     out = subprocess.run([sys.executable, "-c", code], env=clean_env(TRACERL_JEMALLOC="off"), capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "glibc", out.stderr
 
@@ -86,7 +86,7 @@ def test_a_script_relaunches_itself_on_jemalloc_once_with_the_same_pid_and_argum
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent("""
         import json, os, sys
-        from tracerl import allocator
+        from tracerl.train import allocator
         print("before", os.getpid(), flush=True)
         allocator.relaunch_with_jemalloc()
         allocator.relaunch_with_jemalloc()  # already on jemalloc: returns

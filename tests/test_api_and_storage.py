@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tracerl
-from tracerl.storage import RunDir, atomic_dir
+from tracerl.runs.storage import RunDir, atomic_dir
 
 EXPECTED_ALL = {
     "Backend", "CheckpointError", "Choice", "ConfigError", "DatasetBatch", "ExceptionRecord", "History",
@@ -25,7 +25,7 @@ EXPECTED_ALL = {
     "JudgeTimeoutError", "RemoteTimeoutError",
     # SFT (ART's names)
     "SFTConfig", "TrainSFTConfig", "create_lr_schedule", "filter_by_reward", "load_sft_file",
-    # on-policy distillation (tracerl.distill)
+    # on-policy distillation (tracerl.train.distill)
     "CompletionsTeacher", "TeacherError", "TeacherTimeoutError", "add_teacher_advantages", "served_teacher",
     "with_worked_examples",
 }

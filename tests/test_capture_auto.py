@@ -223,7 +223,7 @@ def test_train_on_trajectories_without_sampled_turns_says_which_and_why(served_f
 
 
 def test_some_trajectories_without_sampled_turns_are_named_and_counted(caplog):
-    from tracerl.sampled_turns import check_sampled_turns
+    from tracerl.train.sampled_turns import check_sampled_turns
 
     sampled = tracerl.Trajectory(
         messages_and_choices=[{"role": "user", "content": "q"}, tracerl.Choice(message={"role": "assistant", "content": "a"})],
@@ -238,7 +238,7 @@ def test_some_trajectories_without_sampled_turns_are_named_and_counted(caplog):
 
 def test_groups_of_equal_rewards_are_not_checked_they_train_nothing_anyway():
     """A step of equal-reward groups advances with the adapter unchanged (README), whatever they hold."""
-    from tracerl.sampled_turns import check_sampled_turns
+    from tracerl.train.sampled_turns import check_sampled_turns
 
     equal = [tracerl.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=0.5) for _ in range(2)]
     assert check_sampled_turns([tracerl.TrajectoryGroup(equal)]) == 0

@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 
 from tracerl.cluster.data_parallel import shard, train_step_data_parallel
 from tracerl.errors import TrajectoryError
-from tracerl.packing import pack_sequences
-from tracerl.tokenization import TrainingSequence
-from tracerl.trainer import LoRASettings, LoRATrainer, StepConfig
+from tracerl.train.packing import pack_sequences
+from tracerl.train.tokenization import TrainingSequence
+from tracerl.train.trainer import LoRASettings, LoRATrainer, StepConfig
 
 LORA = LoRASettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
 CONFIG = StepConfig(learning_rate=1e-3, max_grad_norm=1.0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tracerl
-from tracerl.devices import (
+from tracerl.inference.devices import (
     FIXED_OVERHEAD_BYTES,
     GIB,
     TRAIN_OVERHEAD,

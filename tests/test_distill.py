@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 import tracerl
-from tracerl.distill import REVERSE_KL_METRIC, TeacherQuery
-from tracerl.packing import pack_sequences
-from tracerl.tokenization import render_ids, tokenize_trajectory
-from tracerl.validation import check_groups
+from tracerl.train.distill import REVERSE_KL_METRIC, TeacherQuery
+from tracerl.train.packing import pack_sequences
+from tracerl.train.tokenization import render_ids, tokenize_trajectory
+from tracerl.types import check_groups
 
 PROMPT = [1, 9, 17, 4]
 COMPLETION = [33, 12, 2]
@@ -36,7 +36,7 @@ def trajectory(completion: list[int] = COMPLETION, student: list[float] | None =
 
 
 class FixedTeacher:
-    """An in-memory :class:`tracerl.distill.Teacher`: fixed logprobs, optionally failing on a call."""
+    """An in-memory :class:`tracerl.train.distill.Teacher`: fixed logprobs, optionally failing on a call."""
 
     def __init__(self, logprobs: list[float], fail_on: int | None = None) -> None:
         self.logprobs, self.fail_on, self.calls = logprobs, fail_on, 0
@@ -252,7 +252,7 @@ async def test_an_unreachable_teacher_is_an_infrastructure_error():
     ],
 )
 def test_completion_requests_are_validated(body, param):
-    from tracerl.inference._http import OpenAIError
+    from tracerl.net.http_server import OpenAIError
     from tracerl.inference.completions import parse_completion_request
 
     with pytest.raises(OpenAIError) as caught:

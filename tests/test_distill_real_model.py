@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import tracerl
-from tracerl.distill import TeacherQuery
+from tracerl.train.distill import TeacherQuery
 
 pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="session")]
 

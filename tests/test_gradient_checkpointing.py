@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tracerl.grpo import LossFn, equal_trajectory_weights
-from tracerl.packing import pack_sequences
-from tracerl.tokenization import TrainingSequence
-from tracerl.trainer import LoRASettings, LoRATrainer, StepConfig
+from tracerl.train.grpo import LossFn, equal_trajectory_weights
+from tracerl.train.packing import pack_sequences
+from tracerl.train.tokenization import TrainingSequence
+from tracerl.train.trainer import LoRASettings, LoRATrainer, StepConfig
 
 pytestmark = pytest.mark.real_model
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracerl.grpo import (
+from tracerl.train.grpo import (
     LossFn,
     chunked_token_logprobs,
     equal_trajectory_weights,

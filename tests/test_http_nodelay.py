@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from tracerl.inference._http import free_socket
+from tracerl.net.http_server import free_socket
 
 
 async def test_accepted_connections_have_nagle_off():

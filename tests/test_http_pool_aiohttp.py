@@ -1,4 +1,4 @@
-"""``Model.openai_client()`` on ``tracerl.http_pool.AiohttpTransport``: the OpenAI SDK sees the
+"""``Model.openai_client()`` on ``tracerl.net.http_pool.AiohttpTransport``: the OpenAI SDK sees the
 exceptions it always saw (refused -> ``APIConnectionError``, no answer -> ``APITimeoutError``, cut
 mid-answer -> ``APIConnectionError``), streams arrive, one aiohttp session per event loop is closed
 when its loop ends, and without aiohttp the client falls back to ``ShardedTransport``.
@@ -16,8 +16,8 @@ import pytest
 from capture_fake_server import FakeOpenAIServer, Reply
 
 import tracerl
-from tracerl.http_pool import AiohttpTransport, ShardedTransport, http_module_of, openai_transport
-from tracerl.inference._http import free_port
+from tracerl.net.http_pool import AiohttpTransport, ShardedTransport, http_module_of, openai_transport
+from tracerl.net.http_server import free_port
 
 pytest.importorskip("aiohttp")
 

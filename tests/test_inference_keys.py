@@ -14,10 +14,10 @@ import pytest
 from test_remote_backend import RecordingBackend
 
 import tracerl
-from tracerl.inference._http import BackgroundUvicorn
+from tracerl.net.http_server import BackgroundUvicorn
 from tracerl.inference.transformers_server import TransformersServer, build_app
 from tracerl.redact import redact_text
-from tracerl.serve import create_app
+from tracerl.serve.server import create_app
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from tracerl.inference._http import KEEP_ALIVE_S, BackgroundUvicorn
+from tracerl.net.http_server import KEEP_ALIVE_S, BackgroundUvicorn
 from tracerl.inference.vllm_server import VLLMServer
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tracerl.merged_weights import base_weight_names, write_merged_model
+from tracerl.train.merged_weights import base_weight_names, write_merged_model
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 
 import tracerl
 import tracerl.integrations as ti
-from tracerl.remote_backend import decode_groups, dumps_body, encode_groups
+from tracerl.serve.remote_backend import decode_groups, dumps_body, encode_groups
 
 NAN, INF = float("nan"), float("inf")
 
@@ -105,7 +105,7 @@ async def test_a_nan_rollout_reward_raises_where_it_is_set():
 
 # -- again where they are used -----------------------------------------------------------------------
 def test_numbers_changed_in_place_are_caught_with_the_group_and_trajectory_named():
-    from tracerl.validation import check_groups
+    from tracerl.types import check_groups
 
     groups = _groups()
     check_groups(groups)
@@ -126,7 +126,7 @@ def test_numbers_changed_in_place_are_caught_with_the_group_and_trajectory_named
 
 
 def test_token_ids_and_logprobs_changed_in_place_name_the_turn():
-    from tracerl.validation import check_groups
+    from tracerl.types import check_groups
 
     groups = _groups()
     turn = groups[0].trajectories[0].sampled_turns()[0]
@@ -222,7 +222,7 @@ def test_bad_lora_settings_fail_when_the_model_is_created(config, match, tmp_pat
 
 
 def test_lora_settings_keep_art_spellings_and_reject_unknown_keys(tmp_path):
-    from tracerl.trainer import LoRASettings
+    from tracerl.train.trainer import LoRASettings
 
     assert LoRASettings.from_dict({"r": 16, "lora_alpha": 32, "lora_dropout": 0.05}) == LoRASettings(r=16, alpha=32, dropout=0.05)
     assert LoRASettings.from_dict({"r": 8.0, "target_modules": ["q_proj"]}).target_modules == ("q_proj",)

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import tracerl
-from tracerl.tokenization import render_ids
+from tracerl.train.tokenization import render_ids
 
 pytestmark = pytest.mark.real_model
 
@@ -156,9 +156,9 @@ async def test_token_ids_outside_the_vocabulary_never_reach_the_embedding(served
         await backend.train(model, [group])
     await _assert_nothing_changed(backend, model, step)
     # the trainer's own last line: a packed batch with an id past the embedding never runs
-    from tracerl.packing import pack_sequences
-    from tracerl.tokenization import TrainingSequence
-    from tracerl.trainer import StepConfig
+    from tracerl.train.packing import pack_sequences
+    from tracerl.train.tokenization import TrainingSequence
+    from tracerl.train.trainer import StepConfig
 
     sequence = TrainingSequence([1, 2, rows + 5, 3], [0.0, 1.0, 1.0, 1.0], [NAN] * 4, trajectory_index=0, group_index=0, advantage=1.0)
     with pytest.raises(tracerl.TrajectoryError, match=rf"token id {rows + 5} is outside the model's embedding \[0, {rows}\)"):
@@ -257,8 +257,8 @@ async def test_skip_is_loud_and_advances_like_a_step_without_trainable_groups(se
 
 
 async def test_errors_come_back_typed_through_tracerl_serve(tmp_path, smol_tokenizer):
-    from tracerl.inference._http import BackgroundUvicorn
-    from tracerl.serve import create_app
+    from tracerl.net.http_server import BackgroundUvicorn
+    from tracerl.serve.server import create_app
 
     http = BackgroundUvicorn(create_app(tracerl.LocalBackend(tmp_path, inference=None)), name="tracerl-serve-numbers")
     url = f"http://127.0.0.1:{http.start()}"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tracerl.grpo import policy_loss
-from tracerl.packing import pack_sequences
-from tracerl.tokenization import TrainingSequence
-from tracerl.trainer import LoRASettings, LoRATrainer
+from tracerl.train.grpo import policy_loss
+from tracerl.train.packing import pack_sequences
+from tracerl.train.tokenization import TrainingSequence
+from tracerl.train.trainer import LoRASettings, LoRATrainer
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_sequence_level_ratio_groups_by_sequence_id():
 
 
 def test_a_step_on_packed_batches_runs(tiny_trainer):
-    from tracerl.trainer import StepConfig
+    from tracerl.train.trainer import StepConfig
 
     seqs = sequences()
     metrics = tiny_trainer.step(pack_sequences(seqs, [1.0] * len(seqs), max_tokens=12), StepConfig(learning_rate=1e-3, loss_fn="ppo"))

@@ -1,4 +1,4 @@
-"""``tracerl.plots.seed_summary`` / ``plot_seeds`` and ``examples/plot_seeds.py``: several seeds' held-out curves, combined."""
+"""``tracerl.runs.plots.seed_summary`` / ``plot_seeds`` and ``examples/plot_seeds.py``: several seeds' held-out curves, combined."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.plots import plot_seeds, seed_summary
+from tracerl.runs.plots import plot_seeds, seed_summary
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -34,7 +34,7 @@ def die_while_saving(actor: object) -> None:
     """Run inside the trainer actor: its next checkpoint write stops half-way and the process exits."""
     import os
 
-    from tracerl.trainer import LoRATrainer
+    from tracerl.train.trainer import LoRATrainer
 
     def save(self, path, *, step, with_optimizer=True):  # noqa: ANN001 - LoRATrainer.save's signature
         self.model.save_pretrained(path)  # the adapter is on disk, the optimizer and step record are not

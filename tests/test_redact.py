@@ -117,8 +117,8 @@ def test_a_structure_is_copied_only_along_what_changed():
 
 
 def test_tracerl_serve_and_remote_backend_register_their_token():
-    from tracerl.remote_backend import RemoteBackend
-    from tracerl.serve import create_app
+    from tracerl.serve.remote_backend import RemoteBackend
+    from tracerl.serve.server import create_app
 
     RemoteBackend("http://127.0.0.1:1", token="client-token-5ad1e")
     create_app(object(), token="server-token-77c0b")

@@ -2,7 +2,7 @@
 
 ``backend.train`` (advantages, tokenization, equal trajectory weights, prefix-sharing packing
 split over several micro-batches, chunked logprobs, ``LoRATrainer.step``) must give the same
-loss and the same LoRA gradients as :func:`tracerl.reference_loop.reference_loss`, which pads
+loss and the same LoRA gradients as :func:`tracerl.train.reference_loop.reference_loss`, which pads
 every trajectory into its own row and takes the full logits.
 """
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import tracerl
-from tracerl.reference_loop import completion_logprobs, group_advantages, main, reference_loss
-from tracerl.tokenization import render_ids
+from tracerl.train.reference_loop import completion_logprobs, group_advantages, main, reference_loss
+from tracerl.train.tokenization import render_ids
 
 pytestmark = pytest.mark.real_model
 

@@ -28,10 +28,10 @@ from capture_fake_server import FakeOpenAIServer
 
 import tracerl
 import tracerl.integrations as ti
-from tracerl.inference._http import BackgroundUvicorn
+from tracerl.net.http_server import BackgroundUvicorn
 from tracerl import RemoteBackendError, RemoteConnectionError
-from tracerl.remote_backend import decode_groups, encode_groups
-from tracerl.serve import create_app
+from tracerl.serve.remote_backend import decode_groups, encode_groups
+from tracerl.serve.server import create_app
 
 TOKEN = "s3cret"
 

@@ -17,10 +17,10 @@ import textwrap
 from pathlib import Path
 
 import tracerl
-from tracerl.inference._http import BackgroundUvicorn
-from tracerl.serve import create_app
-from tracerl.serve_policy import ModelPolicy
-from tracerl.storage import RunDir
+from tracerl.net.http_server import BackgroundUvicorn
+from tracerl.serve.server import create_app
+from tracerl.serve.policy import ModelPolicy
+from tracerl.runs.storage import RunDir
 
 from storage_kill_child import NAME, PROJECT, plant_checkpoint_zero
 

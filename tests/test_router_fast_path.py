@@ -1,6 +1,6 @@
 """The router's lean path: whole JSON answers relayed as one body, the group header spares the body
 a parse, a whole answer cut mid-body is a 502 naming the replica, and the client's pool
-(``tracerl.http_pool.AiohttpTransport``, or ``ShardedTransport`` without aiohttp) keeps its
+(``tracerl.net.http_pool.AiohttpTransport``, or ``ShardedTransport`` without aiohttp) keeps its
 connections alive across turns.
 
 Faults are real: the scripted replica drops its connection mid-body (``Reply(drop=True)``).
@@ -17,8 +17,8 @@ from router_replicas import ReplicaServer
 
 import tracerl
 from tracerl.cluster import GROUP_HEADER, REPLICA_HEADER, Router
-import tracerl.http_pool
-from tracerl.http_pool import AiohttpTransport, ShardedTransport
+import tracerl.net.http_pool
+from tracerl.net.http_pool import AiohttpTransport, ShardedTransport
 
 
 @pytest.fixture()
@@ -65,7 +65,7 @@ async def test_a_whole_answer_cut_mid_body_is_a_502_naming_the_replica_and_marks
 @pytest.mark.parametrize("kind", ["aiohttp", "sharded"])
 async def test_the_model_client_keeps_its_connections_across_turns(router, kind, monkeypatch):
     if kind == "sharded":  # the transport without aiohttp installed
-        monkeypatch.setattr(tracerl.http_pool, "openai_transport", lambda http: ShardedTransport(http=http))
+        monkeypatch.setattr(tracerl.net.http_pool, "openai_transport", lambda http: ShardedTransport(http=http))
     model = tracerl.Model("agent", "fast-path", inference_base_url=router.base_url, inference_api_key="k")
     client = model.openai_client()
     transport = client._client._transport

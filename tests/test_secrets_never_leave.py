@@ -49,7 +49,7 @@ import tracerl
 import tracerl.integrations as ti
 from tracerl.integrations import export
 from tracerl.redact import REDACTED, register_secret
-from tracerl.remote_backend import dumps_body, encode_groups
+from tracerl.serve.remote_backend import dumps_body, encode_groups
 from test_capture_mcp_http import streamable_http
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from test_remote_backend import _free_port, _stop
 
-from tracerl.serve_auth import check_bind, is_loopback, InsecureBindError
+from tracerl.serve.auth import check_bind, is_loopback, InsecureBindError
 
 PROTECTED = [("GET", "/v1/models"), ("POST", "/tracerl/v1/models/register"), ("GET", "/tracerl/v1/models/p/m/step")]
 

@@ -16,10 +16,10 @@ import pytest
 from test_remote_backend import RecordingBackend, _group, _model, upstream  # noqa: F401 - upstream is a fixture
 
 import tracerl
-from tracerl.inference._http import BackgroundUvicorn
-from tracerl.remote_backend import dumps_body, encode_groups
-from tracerl.serve import create_app
-from tracerl.serve_idempotency import TrainResults
+from tracerl.net.http_server import BackgroundUvicorn
+from tracerl.serve.remote_backend import dumps_body, encode_groups
+from tracerl.serve.server import create_app
+from tracerl.serve.idempotency import TrainResults
 
 TRAIN = "/tracerl/v1/models/remote-tests/agent/train"
 

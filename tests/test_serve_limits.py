@@ -15,8 +15,8 @@ from test_remote_backend import RecordingBackend, _group, _model, upstream  # no
 
 import tracerl
 from tracerl import RemoteBackendError
-from tracerl.inference._http import BackgroundUvicorn
-from tracerl.serve import create_app
+from tracerl.net.http_server import BackgroundUvicorn
+from tracerl.serve.server import create_app
 
 LIMIT = 1 << 20  # 1 MiB for the tests (the default is 32 MiB)
 TRAIN = "/tracerl/v1/models/remote-tests/agent/train"

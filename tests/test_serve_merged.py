@@ -6,7 +6,7 @@ import pytest
 
 import tracerl
 from tracerl.errors import ConfigError
-from tracerl.inference._vllm_proxy import prepare_chat_body
+from tracerl.inference.vllm_proxy import prepare_chat_body
 from tracerl.inference.vllm_server import VLLMServer
 
 

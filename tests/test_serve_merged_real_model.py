@@ -17,8 +17,8 @@ import torch
 from openai import AsyncOpenAI, NotFoundError
 
 import tracerl
-from tracerl.packing import pack_sequences
-from tracerl.tokenization import tokenize_trajectory
+from tracerl.train.packing import pack_sequences
+from tracerl.train.tokenization import tokenize_trajectory
 
 pytestmark = pytest.mark.real_model
 

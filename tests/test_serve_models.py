@@ -19,9 +19,9 @@ from test_serve_auth import _env, _start, _stop, _wait_listening
 
 import tracerl
 from tracerl import RemoteBackendError
-from tracerl.inference._http import BackgroundUvicorn
-from tracerl.serve import create_app
-from tracerl.serve_policy import ForbiddenError, ModelPolicy
+from tracerl.net.http_server import BackgroundUvicorn
+from tracerl.serve.server import create_app
+from tracerl.serve.policy import ForbiddenError, ModelPolicy
 
 REGISTER = "/tracerl/v1/models/register"
 
@@ -146,7 +146,7 @@ def _server_threads() -> list[str]:
 
 @pytest.mark.real_model
 async def test_a_failed_register_stops_the_inference_server_it_started(tmp_path):
-    from tracerl.local_backend import LocalBackend
+    from tracerl.train.local_backend import LocalBackend
 
     model = tracerl.TrainableModel("broken", "p", "smollm2-135m", base_path=tmp_path)
     checkpoint = model.run_dir.checkpoint_path(0)  # a checkpoint 0 whose adapter cannot load

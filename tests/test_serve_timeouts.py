@@ -14,8 +14,8 @@ import pytest
 from test_remote_backend import RecordingBackend
 
 import tracerl
-from tracerl.inference._http import BackgroundUvicorn
-from tracerl.serve import create_app
+from tracerl.net.http_server import BackgroundUvicorn
+from tracerl.serve.server import create_app
 
 
 class SilentServer:

@@ -14,9 +14,9 @@ import torch
 
 import tracerl
 from sft_helpers import CAPITALS, capital_example, expected_mask, tool_example, write_jsonl
-from tracerl.sft import batches, pack_batch, sequence_weights, split_examples
-from tracerl.sft_config import SFTConfig, TrainSFTConfig, create_lr_schedule
-from tracerl.sft_data import (
+from tracerl.train.sft import batches, pack_batch, sequence_weights, split_examples
+from tracerl.train.sft_config import SFTConfig, TrainSFTConfig, create_lr_schedule
+from tracerl.train.sft_data import (
     as_sft_examples,
     filter_by_reward,
     load_sft_file,
@@ -24,7 +24,7 @@ from tracerl.sft_data import (
     sft_trajectory,
     tokenize_examples,
 )
-from tracerl.tokenization import TrainingSequence, render_ids
+from tracerl.train.tokenization import TrainingSequence, render_ids
 
 
 # -- schedules ------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def test_sequence_normalisation_weighs_every_example_the_same():
 def tiny_trainer(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tracerl.trainer import LoRASettings, LoRATrainer
+    from tracerl.train.trainer import LoRASettings, LoRATrainer
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -186,7 +186,7 @@ def test_packed_sft_logprobs_equal_each_example_alone(tiny_trainer, max_tokens):
 
 
 def test_sft_update_lowers_the_loss_of_its_batch(tiny_trainer):
-    from tracerl.sft import _nll
+    from tracerl.train.sft import _nll
 
     batch = pack_batch(_examples(), "sequence", max_tokens=64, pad_token_id=0)
     with torch.no_grad():

@@ -14,7 +14,7 @@ import torch
 
 import tracerl
 from sft_helpers import CAPITALS, capital_example
-from tracerl.sft_config import SFTConfig
+from tracerl.train.sft_config import SFTConfig
 
 QUIET = dict(show_progress=False)
 
@@ -68,7 +68,7 @@ async def test_a_failed_history_append_after_the_commit_is_recovered_on_register
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(tracerl.storage.RunDir, "append_history", disk_full)
+        patch.setattr(tracerl.runs.storage.RunDir, "append_history", disk_full)
         with pytest.raises(OSError, match="No space left"):
             await backend.train_sft(model, _data(4), SFTConfig(learning_rate=1e-3, batch_size=2, **QUIET))
     assert model.run_dir.checkpoint_steps() == [0, 1], "the step was committed before the row"

@@ -12,8 +12,8 @@ import pytest
 
 import tracerl
 from sft_helpers import CAPITALS, capital_example, expected_mask, tool_example, write_jsonl
-from tracerl.sft_config import SFTConfig
-from tracerl.sft_data import load_sft_file, tokenize_examples
+from tracerl.train.sft_config import SFTConfig
+from tracerl.train.sft_data import load_sft_file, tokenize_examples
 
 pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="session")]  # the served fixture's loop: one client
 

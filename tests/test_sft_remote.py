@@ -19,9 +19,9 @@ import pytest
 import tracerl
 from sft_helpers import CAPITALS, capital_example, tool_example, write_jsonl
 from test_remote_backend import TOKEN, _free_port, _stop, _wait_healthy
-from tracerl.inference._http import BackgroundUvicorn
-from tracerl.serve import create_app
-from tracerl.sft_config import SFTConfig
+from tracerl.net.http_server import BackgroundUvicorn
+from tracerl.serve.server import create_app
+from tracerl.train.sft_config import SFTConfig
 
 
 class RecordingSFTBackend:
@@ -36,7 +36,7 @@ class RecordingSFTBackend:
         model._step_cache = self.step
 
     async def train_sft(self, model: Any, trajectories: Any, config: Any = None, *, val_trajectories: Any = None) -> tracerl.TrainResult:
-        from tracerl.sft_data import as_sft_examples
+        from tracerl.train.sft_data import as_sft_examples
 
         examples = as_sft_examples(trajectories)
         self.calls.append((examples, config, val_trajectories))

@@ -13,7 +13,7 @@ import pytest
 
 import tracerl
 from tracerl.gather import GatheredGroups
-from tracerl.local_backend import _gather_seconds
+from tracerl.train.local_backend import _gather_seconds
 
 SPLIT = ("rollout_seconds", "train_seconds", "save_seconds", "hot_load_seconds")
 

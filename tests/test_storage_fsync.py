@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.storage import append_jsonl, atomic_dir, atomic_write_text
+from tracerl.runs.storage import append_jsonl, atomic_dir, atomic_write_text
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name fsynced descriptors")
 

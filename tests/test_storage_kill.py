@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import tracerl
-from tracerl.storage import RunDir
+from tracerl.runs.storage import RunDir
 
 CHILD = Path(__file__).with_name("storage_kill_child.py")
 

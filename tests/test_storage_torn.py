@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tracerl
-from tracerl.storage import RunDir, append_jsonl, read_jsonl, read_jsonl_report
+from tracerl.runs.storage import RunDir, append_jsonl, read_jsonl, read_jsonl_report
 
 
 def _log(model, step, reward, split="train"):

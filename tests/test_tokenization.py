@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tracerl import Choice, History, Trajectory, TrajectoryError
-from tracerl.tokenization import TokenizeStats, render_ids, tokenize_trajectory
+from tracerl.train.tokenization import TokenizeStats, render_ids, tokenize_trajectory
 
 TOOLS = [
     {

@@ -102,7 +102,7 @@ def test_rerendering_a_parsed_turn_reproduces_the_sampled_text():
 
 def test_vllm_proxy_asks_for_token_truth_and_parses_tool_calls_itself():
     pytest.importorskip("fastapi")
-    from tracerl.inference._vllm_proxy import finish_chat_body, prepare_chat_body
+    from tracerl.inference.vllm_proxy import finish_chat_body, prepare_chat_body
 
     body = {"model": "base", "messages": [], "tools": [{"type": "function", "function": {"name": "add"}}]}
     assert prepare_chat_body(body, "agent", {"agent", "base"}) is True

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import tracerl
-from tracerl.packing import pack_sequences
-from tracerl.tokenization import render_ids, tokenize_trajectory
-from tracerl.trainer import LoRATrainer
+from tracerl.train.packing import pack_sequences
+from tracerl.train.tokenization import render_ids, tokenize_trajectory
+from tracerl.train.trainer import LoRATrainer
 
 pytestmark = pytest.mark.real_model
 

@@ -21,11 +21,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_remote_backend import RecordingBackend
 
-from tracerl.inference._http import BackgroundUvicorn
-from tracerl.inference._vllm_proxy import build_proxy
+from tracerl.net.http_server import BackgroundUvicorn
+from tracerl.inference.vllm_proxy import build_proxy
 from tracerl.inference.transformers_server import TransformersServer, build_app
-from tracerl.serve import create_app
-from tracerl.untraced import untraced_fastapi
+from tracerl.serve.server import create_app
+from tracerl.net.untraced import untraced_fastapi
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "self-tracing?"}]}
 

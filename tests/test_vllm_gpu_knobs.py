@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.devices import GIB, nvidia_smi_memory
+from tracerl.inference.devices import GIB, nvidia_smi_memory
 from tracerl.errors import ConfigError, InsufficientMemoryError
 from tracerl.inference.vllm_server import VLLMServer, runtime_dir
 

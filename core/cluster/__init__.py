@@ -8,6 +8,7 @@ Light to import (httpx only); the router's FastAPI app loads when it starts.
 from __future__ import annotations
 
 from .pool import Replica, ReplicaPool
-from .router import GROUP_HEADER, REPLICA_HEADER, Router, group_key
+from .router import Router
+from .routing import GROUP_HEADER, REPLICA_HEADER, group_key
 
 __all__ = ["GROUP_HEADER", "REPLICA_HEADER", "Replica", "ReplicaPool", "Router", "group_key"]

@@ -1,6 +1,6 @@
 """Data-parallel GRPO steps over torch.distributed ranks (gloo on CPU, nccl on CUDA).
 
-:class:`DataParallelLoRATrainer` is :class:`~tracerl.trainer.LoRATrainer` with the step's packed
+:class:`DataParallelLoRATrainer` is :class:`~tracerl.train.trainer.LoRATrainer` with the step's packed
 micro-batches shared out between the ranks.  Every rank holds the same base model and adapter
 (rank 0's, broadcast at start: a new LoRA's ``A`` is random), computes the loss of its share with
 the *step's* normaliser (the trained tokens of all micro-batches), and the LoRA gradients are
@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, NonFiniteError, TracerlError, TrajectoryError
-from ..packing import MicroBatch
-from ..trainer import LoRASettings, LoRATrainer, StepConfig, trained_tokens
+from ..train.packing import MicroBatch
+from ..train.trainer import LoRASettings, LoRATrainer, StepConfig, trained_tokens
 
 
 def shard(micro_batches: Sequence[MicroBatch], rank: int, world: int) -> list[MicroBatch]:

@@ -31,14 +31,14 @@ from ..errors import CheckpointError, InfrastructureError
 from ..model import Model, TrainableModel
 from ..types import TrainResult, TrajectoryGroup
 from .ray_replicas import RayReplicas, adapter_files
-from .ray_rollouts import _original_error
+from .ray_rollouts import original_error
 
 
 class _TrainerActor:
     """The trainer on its node (made a Ray actor by :meth:`RayBackend._start_trainer`)."""
 
     def __init__(self, options: dict[str, Any]) -> None:
-        from ..local_backend import LocalBackend
+        from ..train.local_backend import LocalBackend
 
         self.backend = LocalBackend(inference=None, **options)
         self.models: dict[str, TrainableModel] = {}
@@ -111,7 +111,7 @@ class RayBackend:
         try:
             return await getattr(self._trainer, method).remote(*args)
         except RayTaskError as error:
-            raise _original_error(error) from None
+            raise original_error(error) from None
         except RayError as error:
             raise InfrastructureError(f"the Ray trainer actor failed ({method}): {type(error).__name__}: {error}") from error
 
@@ -158,9 +158,9 @@ class RayBackend:
         The examples are read and checked here (a bad file line fails before anything is sent) and
         travel to the actor as ``Trajectory`` objects; the ``sft`` history row is also written to this
         machine's ``history.jsonl``, where ``model.log`` writes the others (as ``RemoteBackend`` does)."""
-        from ..sft_config import SFTConfig
-        from ..sft_data import as_sft_examples
-        from ..storage import history_row, logged_splits
+        from ..runs.storage import history_row, logged_splits
+        from ..train.sft_config import SFTConfig
+        from ..train.sft_data import as_sft_examples
 
         name = self._registered(model)
         config = SFTConfig.coerce(config)

@@ -103,7 +103,7 @@ class RayReplicas:
         self.urls: list[str] = []
         self.router: Router | None = None
         self.base_url = ""
-        from ..inference._http import new_api_key
+        from ..net.http_server import new_api_key
 
         self.api_key: str = self.server_options.pop("api_key", None) or new_api_key()
         """The bearer key every replica checks (the router forwards the client's): ``model.inference_api_key``."""

@@ -110,7 +110,7 @@ def _run_in_worker(fn: RolloutFn, args: tuple[Any, ...], kwargs: dict[str, Any],
             signal.signal(signal.SIGINT, previous)  # Ray's own handler, for the worker's next task
 
 
-def _original_error(error: Any) -> BaseException:
+def original_error(error: Any) -> BaseException:
     """The exception the rollout raised on the worker, with the worker's traceback as a note."""
     cause = getattr(error, "cause", None)
     if not isinstance(cause, Exception):
@@ -170,7 +170,7 @@ class RayRollouts:
             ray.cancel(ref)  # the worker's event loop is interrupted: the rollout's async-with blocks unwind
             raise
         except RayTaskError as error:
-            raise _original_error(error) from None
+            raise original_error(error) from None
         except RayError as error:  # WorkerCrashedError, NodeDiedError, ObjectLostError, TaskCancelledError...
             raise RolloutWorkerError(
                 f"the Ray task running rollout {getattr(fn, '__name__', fn)!r} was lost: {type(error).__name__}: {error}"

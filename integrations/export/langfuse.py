@@ -238,7 +238,7 @@ def auth_headers(public_key: str | None, secret_key: str | None) -> dict[str, st
 def check_keys(host: str, headers: Mapping[str, str], timeout_s: float) -> None:
     from opentelemetry import context
 
-    from tracerl.untraced import suppressed_context
+    from tracerl.net.untraced import suppressed_context
 
     token = context.attach(suppressed_context())  # tracerl's own request: no span in the user's trace
     try:

@@ -56,7 +56,7 @@ class ScoreSender:
     def _run(self) -> None:
         from opentelemetry import context
 
-        from tracerl.untraced import suppressed_context
+        from tracerl.net.untraced import suppressed_context
 
         context.attach(suppressed_context())  # this thread's requests are tracerl's own: never spans
         while (body := self._queue.get()) is not None:

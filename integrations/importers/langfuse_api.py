@@ -32,7 +32,7 @@ import httpx
 from opentelemetry import context
 
 from tracerl.errors import ConfigError
-from tracerl.untraced import suppressed_context
+from tracerl.net.untraced import suppressed_context
 
 from ..outbound import mark_internal_url
 

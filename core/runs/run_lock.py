@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import RunLockedError
+from ..errors import RunLockedError
 
 __all__ = ["RunLock"]
 

@@ -51,7 +51,7 @@ def _untraced_class(base: type) -> type:
     if cls is None:
 
         class UntracedFastAPI(base):  # type: ignore[valid-type, misc]
-            """Handles every request with instrumentation suppressed (see :mod:`tracerl.untraced`)."""
+            """Handles every request with instrumentation suppressed (see :mod:`tracerl.net.untraced`)."""
 
             async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
                 from opentelemetry import context

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ._http import BearerAuth, OpenAIError, install_error_handlers
+from ..net.http_server import BearerAuth, OpenAIError, install_error_handlers
+from ..net.untraced import untraced_fastapi
 from .protocol import stream_events
 from .tool_calls import parse_tool_calls
-from ..untraced import untraced_fastapi
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .vllm_server import VLLMServer
+
+class ProxiedServer(Protocol):
+    """What the proxy reads of its vLLM server (:class:`~tracerl.inference.vllm_server.VLLMServer`)."""
+
+    api_key: str
+    vllm_url: str
+    """The subprocess itself, ``http://127.0.0.1:PORT``."""
+    served_name: str
+    model_path: Path
+    aliases: set[str]
+    """Further names of the base model, added while the server runs (merged policies)."""
 
 
 def _error_response(status: int, content: bytes) -> JSONResponse:
@@ -64,7 +74,7 @@ def finish_chat_body(result: dict[str, Any], parse_tools: bool) -> dict[str, Any
     return result
 
 
-def build_proxy(server: "VLLMServer") -> Any:
+def build_proxy(server: ProxiedServer) -> Any:
     import httpx
 
     app = untraced_fastapi(title="tracerl vLLM proxy")

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import httpx
 
-from .errors import (
+from ..errors import (
     CheckpointError,
     ConfigError,
     InferenceServerError,
@@ -31,9 +31,9 @@ from .errors import (
     TooManyExceptionsError,
     TrajectoryError,
 )
-from .model import Model, TrainableModel
-from .redact import register_secret
-from .types import TrainResult, TrajectoryGroup
+from ..model import Model, TrainableModel
+from ..redact import register_secret
+from ..types import TrainResult, TrajectoryGroup
 
 log = logging.getLogger("tracerl")
 
@@ -41,7 +41,7 @@ API = "/tracerl/v1"
 """Prefix of the backend endpoints; bumped when the wire format changes incompatibly."""
 
 TOKEN_ENV = "TRACERL_SERVE_TOKEN"
-IDEMPOTENCY_HEADER = "Idempotency-Key"  # tracerl.serve_idempotency reads it
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # tracerl.serve.idempotency reads it
 DEFAULT_TRAIN_TIMEOUT = 1800.0
 """Seconds for one ``train`` or ``register`` call: a CPU step or a vLLM start takes minutes, a hung server forever."""
 
@@ -54,7 +54,7 @@ _SAME_CLASS: dict[str, type[Exception]] = {
 }
 
 
-# -- wire format (shared with tracerl.serve) -----------------------------------------------------
+# -- wire format (shared with tracerl.serve.server) -----------------------------------------------------
 def encode_groups(groups: Iterable[TrajectoryGroup]) -> list[dict[str, Any]]:
     """Groups as JSON-ready dicts (:meth:`TrajectoryGroup.to_json_dict`; trajectories as ``model.log`` stores them)."""
     return [group.to_json_dict() for group in groups]
@@ -179,9 +179,9 @@ class RemoteBackend:
         """``LocalBackend.train_sft`` on the server: the examples are read and checked here (a bad file
         line fails before anything is sent), travel as Trajectory JSON, and the ``sft`` history row is
         also written to this machine's ``history.jsonl``, where ``model.log`` writes the others."""
-        from .sft_config import SFTConfig
-        from .sft_data import as_sft_examples
-        from .storage import history_row, logged_splits
+        from ..runs.storage import history_row, logged_splits
+        from ..train.sft_config import SFTConfig
+        from ..train.sft_data import as_sft_examples
 
         trainable = self._trainable(model)
         config = SFTConfig.coerce(config)

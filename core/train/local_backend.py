@@ -20,19 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Literal
 
-from .base_models import resolve_base_model
-from .errors import CheckpointError, ConfigError, NonFiniteError, TrajectoryError
-from .gather import GatheredGroups
-from .model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
-from .run_lock import RunLock
-from .storage import TRAIN_SPLIT, RunDir, atomic_dir
+from ..base_models import resolve_base_model
+from ..errors import CheckpointError, ConfigError, NonFiniteError, TrajectoryError
+from ..gather import GatheredGroups
+from ..model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
+from ..runs.run_lock import RunLock
+from ..runs.storage import TRAIN_SPLIT, RunDir, atomic_dir
+from ..types import TrainResult, TrajectoryGroup, check_groups
+from ..validation import check_train_arguments, describe_group, describe_trajectory
 from .sampled_turns import check_sampled_turns
 from .tokenization import TokenizeStats, TrainingSequence, tokenize_trajectory
-from .types import TrainResult, TrajectoryGroup
-from .validation import check_groups, check_train_arguments, describe_group, describe_trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .inference.base import InferenceServer
+    from ..inference.base import InferenceServer
     from .sft_config import SFTConfig
     from .sft_data import SFTItem
     from .trainer import LoRATrainer
@@ -85,7 +85,7 @@ class LocalBackend:
 
         ``gradient_checkpointing=True`` recomputes activations in backward: about half the
         trainer's peak memory for up to ~35% more step time; an int ``n`` checkpoints every n-th
-        decoder layer only, in between (:class:`~tracerl.trainer.LoRATrainer`; one process only
+        decoder layer only, in between (:class:`~tracerl.train.trainer.LoRATrainer`; one process only
         for now).
         """
         if inference not in (None, "auto", "vllm", "transformers"):
@@ -149,7 +149,7 @@ class LocalBackend:
 
     async def _start_server(self, state: _Registered, step: int) -> "InferenceServer":
         """Start serving checkpoint ``step``: as a LoRA, or (``serve_merged``) as the merged policy."""
-        from .inference.base import make_server
+        from ..inference.base import make_server
 
         name = state.model.get_inference_name(step)
         if not self.serve_merged:
@@ -158,7 +158,7 @@ class LocalBackend:
             await server.start()
             await server.load_adapter(name, str(state.run_dir.checkpoint_path(step)))
             return server
-        from .inference.vllm_server import vllm_python
+        from ..inference.vllm_server import vllm_python
 
         if vllm_python() is None:
             raise ConfigError("serve_merged=True needs the vLLM runtime (python -m tracerl.inference.vllm_server install)")
@@ -206,7 +206,7 @@ class LocalBackend:
             options: dict[str, Any] = dict(lora=LoRASettings.from_dict(state.model.lora_config), adapter_path=adapter,
                                            device=self.device)
             if self.train_workers > 1:
-                from .cluster.data_parallel import TorchrunLoRATrainer
+                from ..cluster.data_parallel import TorchrunLoRATrainer
 
                 state.trainer = TorchrunLoRATrainer(state.model_path, workers=self.train_workers, **options)
             else:
@@ -374,7 +374,7 @@ class LocalBackend:
         (or its dict), checked before any model is loaded.  The history row is written with split
         ``sft`` (README, "SFT: warm-start the adapter, then RL").
         """
-        from .sft import train_sft_local
+        from .sft import batches, commit, prepare, run_sft
         from .sft_config import SFTConfig
         from .sft_data import as_sft_examples
 
@@ -383,7 +383,28 @@ class LocalBackend:
         val = as_sft_examples(val_trajectories) if val_trajectories is not None else None
         state = self._writable(model)
         check_groups([TrajectoryGroup(examples + (val or []))], vocab_size=_embedding_rows(state.model_path))
-        return await train_sft_local(self, state, examples, val, config)
+        started = time.monotonic()
+        tokenizer = self.tokenizer(model)
+        run = await asyncio.to_thread(prepare, tokenizer, examples, val, config, self.max_seq_len)
+        config.schedule(len(batches(list(range(len(run.train))), config.resolved_batch_size, config.epochs, False, 0)))  # a wrong list: before loading
+        step = (state.run_dir.latest_step() or 0) + 1
+        pad = tokenizer.pad_token_id or 0
+        trainer = await asyncio.to_thread(self._trainer, state)
+        try:
+            async with _serving_paused(state.server):
+                metrics = await asyncio.to_thread(run_sft, trainer, run, config, max_tokens=self.micro_batch_tokens, pad_token_id=pad)
+            metrics["step_seconds"] = time.monotonic() - started
+            await asyncio.to_thread(commit, state.run_dir, step, trainer, metrics)
+        except BaseException:
+            state.trainer = None  # earlier optimizer steps of this call were applied: reload the last checkpoint
+            raise
+        model._step_cache = step
+        final = state.run_dir.checkpoint_path(step)
+        if state.server is not None:
+            await state.server.load_adapter(model.get_inference_name(step), str(final))
+            await _unload_quietly(state.server, model.get_inference_name(step - 2))
+        model.inference_model_name = model.get_inference_name(step)
+        return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
 
     async def _step_or_skip(
         self, state: _Registered, sequences: list[TrainingSequence], config: Any, metrics: dict[str, float], on_non_finite: str

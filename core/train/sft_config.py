@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .validation import check_sft_settings
+from ..validation import check_sft_settings
 
 ScheduleType = Literal["constant", "linear", "cosine"]
 Normalization = Literal["token", "sequence"]
@@ -98,7 +98,7 @@ class SFTConfig:
         if isinstance(config, dict):
             return cls.from_dict(config)
         if not isinstance(config, cls):
-            from .errors import ConfigError
+            from ..errors import ConfigError
 
             raise ConfigError(f"config must be an SFTConfig (or its dict), got {type(config).__name__}")
         return config
@@ -107,7 +107,7 @@ class SFTConfig:
         """The learning rate of each of ``total_steps`` optimizer steps."""
         if isinstance(self.learning_rate, list):
             if len(self.learning_rate) != total_steps:
-                from .errors import ConfigError
+                from ..errors import ConfigError
 
                 raise ConfigError(
                     f"learning_rate is a list of {len(self.learning_rate)} values but this call takes {total_steps} "
@@ -133,7 +133,7 @@ def create_lr_schedule(
     (the first step already above ``min_lr``), then ``method`` from ``peak_lr`` down to ``min_lr`` at
     the last step (ART's ``create_lr_schedule``, same arguments and values)."""
     if method not in ("constant", "linear", "cosine"):
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"schedule method must be 'constant', 'linear' or 'cosine', got {method!r}")
     if total_steps <= 0:

@@ -20,7 +20,7 @@ re-faulted) and purges it between steps (:func:`release_freed_memory`), so the m
 for the rollouts.  jemalloc must be loaded before the process starts (``LD_PRELOAD``), which a
 library cannot do for a running interpreter: scripts opt in with :func:`relaunch_with_jemalloc`
 as their first statement (``examples/demo.py`` does), or run under
-``LD_PRELOAD=$(python -m tracerl.allocator)``.  Where jemalloc is absent nothing changes except
+``LD_PRELOAD=$(python -m tracerl.train.allocator)``.  Where jemalloc is absent nothing changes except
 that glibc's free memory is trimmed after each step (``malloc_trim``).
 
 jemalloc comes from the system (Debian/Ubuntu ``libjemalloc2``: ``make demo`` installs it when
@@ -150,7 +150,7 @@ def describe() -> str:
     return f"allocator: {allocator}, trimmed after each step{hint}"
 
 
-if __name__ == "__main__":  # `LD_PRELOAD=$(python -m tracerl.allocator) python my_script.py`
+if __name__ == "__main__":  # `LD_PRELOAD=$(python -m tracerl.train.allocator) python my_script.py`
     found = find_jemalloc()
     if found is None:
         sys.exit("no jemalloc found (install libjemalloc2, or set TRACERL_JEMALLOC to its path)")

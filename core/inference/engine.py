@@ -91,11 +91,11 @@ class GenerationEngine:
         dtype: Any = None,
     ) -> None:
         """``device``: default CUDA when visible, else CPU; ``dtype``: default bf16 on CUDA, fp32 elsewhere
-        (:func:`tracerl.devices.dtype_for`).  On CUDA the free memory is checked before loading."""
+        (:func:`tracerl.inference.devices.dtype_for`).  On CUDA the free memory is checked before loading."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from ..devices import SERVE_OVERHEAD, check_room_for, default_device, dtype_for
+        from .devices import SERVE_OVERHEAD, check_room_for, default_device, dtype_for
 
         if num_threads:
             torch.set_num_threads(num_threads)

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import InsufficientMemoryError
+from ..errors import InsufficientMemoryError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 class InsecureBindError(ConfigError):

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .base_models import EMBEDDED_ALIASES
-from .errors import ConfigError, TracerlError
-from .validation import lora_values
+from ..base_models import EMBEDDED_ALIASES
+from ..errors import ConfigError, TracerlError
+from ..validation import lora_values
 
 DEFAULT_MAX_LORA_RANK = 64
 DEFAULT_MAX_MODELS = 4

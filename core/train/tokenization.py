@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-from .errors import TrajectoryError
-from .types import Choice, History, Message, Tool, Trajectory
+from ..errors import TrajectoryError
+from ..types import Choice, History, Message, Tool, Trajectory
 
 NAN = float("nan")
 

@@ -40,12 +40,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Protocol, Sequence
 
-from .errors import ConfigError, TeacherError, TeacherTimeoutError, TrajectoryError
-from .model import Model, TrainableModel
-from .redact import register_secret
-from .timeouts import check_timeout, within
+from ..errors import ConfigError, TeacherError, TeacherTimeoutError, TrajectoryError
+from ..model import Model, TrainableModel
+from ..redact import register_secret
+from ..timeouts import check_timeout, within
+from ..types import Choice, Message, Tool, Trajectory, TrajectoryGroup
 from .tokenization import ChatTokenizer, render_ids
-from .types import Choice, Message, Tool, Trajectory, TrajectoryGroup
 
 DEFAULT_TEACHER_TIMEOUT = 120.0
 """Seconds per teacher call: one forward pass over a prompt, far shorter than a generation."""

@@ -1,13 +1,13 @@
 """Supervised fine-tuning on the same LoRA, run directory and step counter as GRPO.
 
 ``LocalBackend.train_sft(model, examples, config)`` lands here.  One call is one checkpoint
-step: the examples are tokenized through GRPO's path (:mod:`tracerl.sft_data`), packed with
-GRPO's packer (:func:`tracerl.packing.pack_sequences`: several examples share a row, a 4-D
+step: the examples are tokenized through GRPO's path (:mod:`tracerl.train.sft_data`), packed with
+GRPO's packer (:func:`tracerl.train.packing.pack_sequences`: several examples share a row, a 4-D
 mask and restarting position ids keep each one blind to the others, a common prefix is
 computed once), and trained for ``epochs × ceil(n / batch_size)`` optimizer steps through
 :meth:`LoRATrainer.apply_update` (so the non-finite guards are GRPO's).  The loss is the
 negative log-likelihood of the trained (assistant) tokens only, normalised per token or per
-sequence (:class:`~tracerl.sft_config.SFTConfig`).  The adapter is then committed as
+sequence (:class:`~tracerl.train.sft_config.SFTConfig`).  The adapter is then committed as
 checkpoint ``step+1`` exactly as ``train`` commits one (atomic rename, ``step.json`` with
 the history row, split ``sft``), the ``sft`` row is appended to ``history.jsonl``, and the
 new adapter is hot-loaded as ``name@step+1``, so the next RL rollouts sample from it.
@@ -19,21 +19,19 @@ last checkpoint: nothing of the failed call remains.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .errors import NonFiniteError, TrajectoryError
+from ..errors import NonFiniteError, TrajectoryError
+from ..runs.storage import RunDir, atomic_dir, history_row, logged_splits
+from ..types import Trajectory
 from .sft_config import SFTConfig
 from .sft_data import tokenize_examples
-from .storage import RunDir, atomic_dir, history_row, logged_splits
 from .tokenization import TokenizeStats, TrainingSequence
-from .types import TrainResult, Trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .local_backend import LocalBackend, _Registered
     from .packing import MicroBatch
     from .trainer import LoRATrainer
 
@@ -239,38 +237,3 @@ def commit(run_dir: RunDir, step: int, trainer: "LoRATrainer", metrics: dict[str
         run_dir.write_step_record(tmp, step, metrics, split=SFT_SPLIT)
     if not any(row.get("step") == step and SFT_SPLIT in logged_splits(row) for row in run_dir.read_history()):
         run_dir.append_history(history_row(step, SFT_SPLIT, metrics))
-
-
-async def train_sft_local(
-    backend: "LocalBackend",
-    state: "_Registered",
-    examples: list[Trajectory],
-    val_examples: list[Trajectory] | None,
-    config: SFTConfig,
-) -> TrainResult:
-    """``LocalBackend.train_sft`` after its arguments were checked: train, commit, hot-load."""
-    from .local_backend import _serving_paused, _unload_quietly
-
-    model = state.model
-    started = time.monotonic()
-    tokenizer = backend.tokenizer(model)
-    run = await asyncio.to_thread(prepare, tokenizer, examples, val_examples, config, backend.max_seq_len)
-    config.schedule(len(batches(list(range(len(run.train))), config.resolved_batch_size, config.epochs, False, 0)))  # a wrong list: before loading
-    step = (state.run_dir.latest_step() or 0) + 1
-    pad = tokenizer.pad_token_id or 0
-    trainer = await asyncio.to_thread(backend._trainer, state)
-    try:
-        async with _serving_paused(state.server):
-            metrics = await asyncio.to_thread(run_sft, trainer, run, config, max_tokens=backend.micro_batch_tokens, pad_token_id=pad)
-        metrics["step_seconds"] = time.monotonic() - started
-        await asyncio.to_thread(commit, state.run_dir, step, trainer, metrics)
-    except BaseException:
-        state.trainer = None  # earlier optimizer steps of this call were applied: reload the last checkpoint
-        raise
-    model._step_cache = step
-    final = state.run_dir.checkpoint_path(step)
-    if state.server is not None:
-        await state.server.load_adapter(model.get_inference_name(step), str(final))
-        await _unload_quietly(state.server, model.get_inference_name(step - 2))
-    model.inference_model_name = model.get_inference_name(step)
-    return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))

@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from .errors import TrajectoryError
-from .types import Trajectory
-from .validation import describe_trajectory
+from ..errors import TrajectoryError
+from ..types import Trajectory
+from ..validation import describe_trajectory
 
 log = logging.getLogger("tracerl.train")
 

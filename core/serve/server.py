@@ -28,19 +28,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field, ValidationError
 
-from . import __version__
-from .errors import CheckpointError, ConfigError
-from .model import DEFAULT_BASE_PATH, TrainableModel
-from .redact import register_secret
+from .. import __version__
+from ..errors import CheckpointError, ConfigError
+from ..model import DEFAULT_BASE_PATH, TrainableModel
+from ..net.untraced import untraced_fastapi
+from ..redact import register_secret
+from ..timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
+from .idempotency import DEFAULT_KEYS_PER_MODEL, IDEMPOTENCY_HEADER, TrainResults
+from .middleware import DEFAULT_MAX_BODY_MB, AccessLog, BodyLimit, BodyTooLargeError
+from .policy import ForbiddenError, ModelPolicy
 from .remote_backend import API, decode_groups
-from .serve_http import DEFAULT_MAX_BODY_MB, AccessLog, BodyLimit, BodyTooLargeError
-from .serve_idempotency import DEFAULT_KEYS_PER_MODEL, IDEMPOTENCY_HEADER, TrainResults
-from .serve_policy import ForbiddenError, ModelPolicy
-from .timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
-from .untraced import untraced_fastapi
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .backend import Backend
+    from ..model import Backend
 
 log = logging.getLogger("tracerl.serve")
 
@@ -168,7 +168,7 @@ def create_app(
     ``max_body_bytes``: larger request bodies are answered 413 before they are read (one caller
     must not make the server buffer gigabytes).
     ``policy``: which base models, LoRA ranks and how many models clients may register (default
-    :class:`~tracerl.serve_policy.ModelPolicy`: the embedded model only, rank <= 64, 4 models).
+    :class:`~tracerl.serve.policy.ModelPolicy`: the embedded model only, rank <= 64, 4 models).
     ``inference_timeout``: seconds the ``/v1`` proxy waits for the inference server (between bytes
     of an answer); past it the caller gets a 504 ``InferenceTimeoutError``.
     ``access_log``: a text stream that gets one line per request (client, method, path, status,
@@ -260,8 +260,8 @@ def create_app(
 
     @router.post(API + "/models/{project}/{name}/train_sft")
     async def train_sft(project: str, name: str, request: Request) -> Response:
-        """``backend.train_sft`` (tracerl.sft): Trajectory JSON and an ``SFTConfig`` dict (unknown key: TypeError)."""
-        from .sft_config import SFTConfig
+        """``backend.train_sft`` (tracerl.train.sft): Trajectory JSON and an ``SFTConfig`` dict (unknown key: TypeError)."""
+        from ..train.sft_config import SFTConfig
 
         body = await _json(request)
         model = state.model(project, name)

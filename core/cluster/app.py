@@ -1,29 +1,42 @@
 """The router's HTTP surface: OpenAI routes relayed to a replica, adapter routes sent to all.
 
 Apart from :mod:`tracerl.cluster.router` because it needs FastAPI (the ``backend`` extra), while
-the router's constants and policy stay importable by a light agent process.
+the router's constants and policy stay importable by a light agent process.  It names the router
+only through :class:`Relay`, so the router can build it without the two importing each other.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, AsyncIterator, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import InferenceServerError, NoHealthyReplicaError
-from ..inference._http import OpenAIError, install_error_handlers
-from ..untraced import untraced_fastapi
-from .router import GROUP_HEADER, REPLICA_HEADER, _HOP_BY_HOP, group_key
+from ..net.http_server import OpenAIError, install_error_handlers
+from ..net.untraced import untraced_fastapi
+from .pool import Replica, ReplicaPool
+from .routing import GROUP_HEADER, HOP_BY_HOP, REPLICA_HEADER, group_key
 from .upstream import AnswerDropped, UpstreamTimeout
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .router import Router
+
+class Relay(Protocol):
+    """What the app asks of its :class:`~tracerl.cluster.router.Router`."""
+
+    pool: ReplicaPool
+
+    async def forward(self, method: str, path: str, headers: Any, content: bytes, key: str | None) -> tuple[Any, Replica]: ...
+
+    def relay(self, response: Any, replica: Replica) -> AsyncIterator[bytes]: ...
+
+    async def read(self, response: Any, replica: Replica) -> bytes: ...
+
+    async def broadcast(self, path: str, content: bytes, headers: Any) -> list[tuple[str, int, bytes]]: ...
 
 
-def build_app(router: Router) -> Any:
-    """The router's FastAPI app (emits no spans of its own: see :mod:`tracerl.untraced`)."""
+def build_app(router: Relay) -> Any:
+    """The router's FastAPI app (emits no spans of its own: see :mod:`tracerl.net.untraced`)."""
     app = untraced_fastapi(title="tracerl router")
     install_error_handlers(app)
 
@@ -44,7 +57,7 @@ def build_app(router: Router) -> Any:
             raise OpenAIError(str(error), status=504, type="InferenceTimeoutError") from error
         except InferenceServerError as error:
             raise OpenAIError(str(error), status=502, type="InferenceServerError") from error
-        headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
         headers[REPLICA_HEADER] = replica.url
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             return StreamingResponse(router.relay(response, replica), status_code=response.status, headers=headers)

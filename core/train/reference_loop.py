@@ -1,6 +1,6 @@
 """A minimal GRPO loop in one file, top to bottom: executable documentation of what tracerl does.
 
-    python -m tracerl.reference_loop --steps 20
+    python -m tracerl.train.reference_loop --steps 20
 
 Each step it
 
@@ -51,7 +51,7 @@ from typing import Sequence
 
 import torch
 
-from .base_models import resolve_base_model
+from ..base_models import resolve_base_model
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DEFAULT_EPSILON = {"ppo": (0.2, 0.2), "cispo": (1.0, 4.0)}  # (low, high): clip ratio to [1 - low, 1 + high]

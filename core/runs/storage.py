@@ -8,7 +8,7 @@ Layout (ART-compatible, under ``base_path``, default ``.tracerl``)::
     {project}/models/{name}/checkpoints/{step:04d}/        (peft adapter + step.json)
     {project}/models/{name}/trajectories/{split}/{step:04d}.jsonl
 
-It survives SIGKILL at any instant (the primitives are in :mod:`tracerl.durable`).  A
+It survives SIGKILL at any instant (the primitives are in :mod:`tracerl.runs.durable`).  A
 trained step is committed by one atomic rename of its checkpoint directory, which holds
 ``step.json`` (the history row ``model.log(groups, split="train", metrics=...)`` would
 write); its trajectories are written to ``trajectories/train/`` just before that rename.
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from .durable import (
     JsonlReport,
     append_jsonl,
@@ -39,7 +40,6 @@ from .durable import (
     remove_dir,
     repair_dir,
 )
-from .errors import ConfigError
 from .run_lock import RunLock
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 The training loop is an explicit function of micro-batches (see :meth:`LoRATrainer.step`),
 not a framework trainer to subclass.  fp32 on CPU (bf16 is 5–40x slower there), bf16 on CUDA
-(:func:`tracerl.devices.dtype_for`), after a check that the GPU has room for the model.
+(:func:`tracerl.inference.devices.dtype_for`), after a check that the GPU has room for the model.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
+from ..errors import ConfigError, NonFiniteError, TrajectoryError
+from ..inference.devices import TRAIN_OVERHEAD, check_room_for, default_device, dtype_for
+from ..validation import check_lora_settings, check_step_settings, lora_values
 from .allocator import hold_freed_memory, release_freed_memory
-from .devices import TRAIN_OVERHEAD, check_room_for, default_device, dtype_for
-from .errors import ConfigError, NonFiniteError, TrajectoryError
 from .grpo import ImportanceLevel, LossFn, chunked_token_logprobs, policy_loss, probability_correlation
 from .packing import MicroBatch
-from .validation import check_lora_settings, check_step_settings, lora_values
 
 T = TypeVar("T")
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -110,7 +110,7 @@ class LoRATrainer:
         self.device = device or default_device()
         self.dtype = dtype = dtype or dtype_for(self.device)
         if self.device == "cpu":
-            hold_freed_memory()  # on jemalloc: no re-faulting inside a step (tracerl.allocator)
+            hold_freed_memory()  # on jemalloc: no re-faulting inside a step (tracerl.train.allocator)
         check_room_for(model_path, self.device, overhead=TRAIN_OVERHEAD, what="the trainer", dtype=dtype)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
         base.config.use_cache = False
@@ -247,7 +247,7 @@ class LoRATrainer:
             group["lr"] = learning_rate
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        release_freed_memory()  # the step's freed memory goes back for the rollouts (see tracerl.allocator)
+        release_freed_memory()  # the step's freed memory goes back for the rollouts (see tracerl.train.allocator)
         self._check_adapter_finite(f"after the update (learning_rate={learning_rate} too large?)", changed=True)
         return result, float(grad_norm)
 

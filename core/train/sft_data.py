@@ -2,7 +2,7 @@
 
 Every source becomes the same thing, a ``Trajectory`` whose trained assistant turns are
 :class:`Choice` objects and whose other messages are context, so SFT and GRPO share one
-tokenizer path (:func:`tracerl.tokenization.tokenize_trajectory`: the model's own chat
+tokenizer path (:func:`tracerl.train.tokenization.tokenize_trajectory`: the model's own chat
 template, tools included, append-only sequences, breaks counted):
 
 * captured trajectories (``tracerl.rollout``, ``gather_trajectory_groups``): sampled turns
@@ -24,9 +24,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
-from .errors import TrajectoryError
+from ..errors import TrajectoryError
+from ..types import Choice, History, Trajectory, TrajectoryGroup
 from .tokenization import ChatTokenizer, TokenizeStats, TrainingSequence, tokenize_trajectory
-from .types import Choice, History, Trajectory, TrajectoryGroup
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 SFTItem = Trajectory | TrajectoryGroup | dict[str, Any]
@@ -164,7 +164,7 @@ def load_sft_file(path: str | os.PathLike[str], *, min_reward: float | None = No
 
 def filter_by_reward(items: Iterable[Trajectory | TrajectoryGroup], min_reward: float) -> list[Trajectory]:
     """The trajectories (of groups too) whose reward is ``>= min_reward``: rejection sampling from RL groups."""
-    from .validation import finite_reward
+    from ..validation import finite_reward
 
     threshold = finite_reward(min_reward, "min_reward")
     return [t for t in _flatten(items) if t.reward >= threshold]

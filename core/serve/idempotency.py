@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 DEFAULT_KEYS_PER_MODEL = 64

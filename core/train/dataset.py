@@ -6,7 +6,7 @@ import math
 import random
 from typing import Iterator, Sequence, TypeVar
 
-from .types import DatasetBatch
+from ..types import DatasetBatch
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, TextIO
 
-from .errors import ConfigError, TracerlError
+from ..errors import ConfigError, TracerlError
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
