@@ -37,6 +37,19 @@ _opted_out: set[str] = set()
 _waiting: dict[str, str] = {}
 """Top-level module -> hook name, for installed libraries not imported yet."""
 
+HOOKS = {
+    "openai": ("openai", ".openai_hook"),
+    "litellm": ("litellm", ".litellm_hook"),
+    "langchain": ("langchain_core", ".langchain_hook"),
+    "mcp": ("mcp", ".mcp_hook"),
+}
+"""Hook name -> (the library it hooks, the hook's module in this package)."""
+
+
+def enable(name: str) -> bool:
+    """Turn on one hook whose library is installed; False when the library is missing."""
+    return bool(importlib.import_module(HOOKS[name][1], __package__).instrument())
+
 
 def env_allows() -> bool:
     """False when ``TRACERL_AUTO_INSTRUMENT`` is ``0``/``false``/``no``/``off``."""
@@ -48,12 +61,10 @@ def ensure_instrumented() -> None:
     global _settled
     if _settled or not env_allows():
         return
-    from .instrument import _HOOKS, enable
-
     with _lock:
         if _settled:
             return
-        for name, (library, _module) in _HOOKS.items():
+        for name, (library, _module) in HOOKS.items():
             if name in _opted_out:
                 continue
             with guard("auto_instrument"):
@@ -95,8 +106,6 @@ def _library_imported(library: str) -> None:
     with _lock:
         name = _waiting.pop(library, None)
     if name is not None and env_allows():
-        from .instrument import enable
-
         with guard("auto_instrument_on_import"):
             enable(name)
 

@@ -10,14 +10,8 @@ import importlib.util
 from typing import Any
 
 from . import auto
+from .auto import HOOKS, enable
 from .processor import configure
-
-_HOOKS = {
-    "openai": ("openai", ".openai_hook"),
-    "litellm": ("litellm", ".litellm_hook"),
-    "langchain": ("langchain_core", ".langchain_hook"),
-    "mcp": ("mcp", ".mcp_hook"),
-}
 
 
 def instrument(*hooks: str, tracer_provider: Any = None) -> list[str]:
@@ -27,28 +21,23 @@ def instrument(*hooks: str, tracer_provider: Any = None) -> list[str]:
     global one when it is an SDK provider, else a private one).
     """
     configure(tracer_provider)
-    names = hooks or tuple(_HOOKS)
+    names = hooks or tuple(HOOKS)
     for name in names:
-        if name not in _HOOKS:
-            raise ValueError(f"unknown hook {name!r}; known: {sorted(_HOOKS)}")
+        if name not in HOOKS:
+            raise ValueError(f"unknown hook {name!r}; known: {sorted(HOOKS)}")
     active = []
     for name in names:
         auto.note_instrumented(name)
-        if importlib.util.find_spec(_HOOKS[name][0]) is not None and enable(name):
+        if importlib.util.find_spec(HOOKS[name][0]) is not None and enable(name):
             active.append(name)
     return active
 
 
-def enable(name: str) -> bool:
-    """Turn on one hook whose library is installed; False when the library is missing."""
-    return bool(importlib.import_module(_HOOKS[name][1], __package__).instrument())
-
-
 def uninstrument(*hooks: str) -> None:
     """Undo :func:`instrument` for the named hooks (default: all); rollouts no longer turn them on."""
-    for name in hooks or tuple(_HOOKS):
+    for name in hooks or tuple(HOOKS):
         auto.note_uninstrumented(name)
-        library, module = _HOOKS[name]
+        library, module = HOOKS[name]
         if importlib.util.find_spec(library) is None:
             continue
         hook = importlib.import_module(module, __package__)

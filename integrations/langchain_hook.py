@@ -29,7 +29,7 @@ from . import semconv as sc
 from .health import guard
 from .messages import to_semconv
 from .processor import get_tracer
-from .spans import _dumps, end_chat_span, end_with_error, start_chat_span
+from .spans import json_text, end_chat_span, end_with_error, start_chat_span
 
 _handler_var: ContextVar[Any] = ContextVar("tracerl_langchain_handler", default=None)
 _state: dict[str, Any] = {}
@@ -180,7 +180,7 @@ def _make_handler_class() -> type:
                     sc.OPERATION_NAME: sc.OP_EXECUTE_TOOL,
                     sc.LAYER: "langchain",
                     sc.TOOL_NAME: str(name),
-                    sc.TOOL_CALL_ARGUMENTS: _dumps(inputs) if inputs is not None else str(input_str),
+                    sc.TOOL_CALL_ARGUMENTS: json_text(inputs) if inputs is not None else str(input_str),
                 }
                 if kwargs.get("tool_call_id"):
                     attributes[sc.TOOL_CALL_ID] = str(kwargs["tool_call_id"])

@@ -16,7 +16,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from .health import guard
-from .openai_hook import _Call, _detach, _fail, prepare_request
+from .openai_hook import CallRecord, detach_context, end_span_with_error, prepare_request
 from .patching import Patches
 from .spans import finish_chat_span, start_chat_span
 from .streams import AsyncStreamRecorder, StreamRecorder
@@ -27,10 +27,10 @@ _patches = Patches()
 LITELLM_TIMEOUT_KNOB = "litellm's timeout=..., e.g. Model(inference_timeout=...) via litellm_completion_params()"
 
 
-def _begin(kwargs: dict[str, Any]) -> tuple[Any, Any, _Call]:
+def _begin(kwargs: dict[str, Any]) -> tuple[Any, Any, CallRecord]:
     span = token = None
     base_url = kwargs.get("base_url") or kwargs.get("api_base")
-    call = _Call(base_url or kwargs.get("model"), kwargs, kwargs.get("timeout"), LITELLM_TIMEOUT_KNOB)
+    call = CallRecord(base_url or kwargs.get("model"), kwargs, kwargs.get("timeout"), LITELLM_TIMEOUT_KNOB)
     with guard("litellm_request"):
         requested = prepare_request(kwargs, base_url)
         model = str(kwargs.get("model") or "")
@@ -50,7 +50,7 @@ def _positional(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[An
     return args, kwargs
 
 
-def _respond(span: Any, result: Any, recorder: type | None, call: _Call) -> Any:
+def _respond(span: Any, result: Any, recorder: type | None, call: CallRecord) -> Any:
     """What the caller gets back: ``result``, or a recorder that finishes the span as it streams."""
     if span is None:
         call.ended()
@@ -73,12 +73,12 @@ def _wrap_sync(original: Any) -> Any:
         try:
             result = original(*args, **kwargs)
         except BaseException as error:
-            _detach(token)
+            detach_context(token)
             call.returned()
-            _fail(span, error)
+            end_span_with_error(span, error)
             call.failed(error)
             raise
-        _detach(token)
+        detach_context(token)
         call.returned()
         return _respond(span, result, StreamRecorder if kwargs.get("stream") else None, call)
 
@@ -94,12 +94,12 @@ def _wrap_async(original: Any) -> Any:
         try:
             result = await original(*args, **kwargs)
         except BaseException as error:
-            _detach(token)
+            detach_context(token)
             call.returned()
-            _fail(span, error)
+            end_span_with_error(span, error)
             call.failed(error)
             raise
-        _detach(token)
+        detach_context(token)
         call.returned()
         return _respond(span, result, AsyncStreamRecorder if kwargs.get("stream") else None, call)
 

@@ -13,7 +13,7 @@ import json
 from typing import Any, Mapping
 
 
-def _plain(value: Any) -> Any:
+def to_plain(value: Any) -> Any:
     """SDK objects (pydantic, LangChain messages) to plain dicts."""
     if isinstance(value, (dict, list, str, int, float, bool)) or value is None:
         return value
@@ -27,7 +27,7 @@ def _plain(value: Any) -> Any:
 
 def to_semconv(message: Any) -> dict[str, Any]:
     """One OpenAI-format message (dict or SDK object) to a semconv message."""
-    message = _plain(message)
+    message = to_plain(message)
     role = message.get("role", "user")
     parts: list[dict[str, Any]] = []
     content = message.get("content")
@@ -38,14 +38,14 @@ def to_semconv(message: Any) -> dict[str, Any]:
             parts.append({"type": "text", "content": content})
     elif isinstance(content, list):
         for part in content:
-            part = _plain(part)
+            part = to_plain(part)
             if isinstance(part, dict) and part.get("type") == "text":
                 parts.append({"type": "text", "content": part.get("text", "")})
             elif isinstance(part, dict):
                 parts.append({"type": part.get("type", "generic"), "openai": part})
     for call in message.get("tool_calls") or ():
-        call = _plain(call)
-        function = _plain(call.get("function") or {})
+        call = to_plain(call)
+        function = to_plain(call.get("function") or {})
         parts.append(
             {"type": "tool_call", "id": call.get("id"), "name": function.get("name"), "arguments": function.get("arguments")}
         )

@@ -86,10 +86,8 @@ def _report(trajectory: Trajectory, kind: str, message: str, *, missed: int = 0,
 
 def _hooks_on() -> list[str]:
     """The capture hooks that are on (only those whose library is imported: nothing is imported here)."""
-    from .instrument import _HOOKS
-
     on = []
-    for name, (library, module) in _HOOKS.items():
+    for name, (library, module) in auto.HOOKS.items():
         hook = sys.modules.get(f"{__package__}{module}")
         if library in sys.modules and hook is not None and hook.is_instrumented():
             on.append(name)

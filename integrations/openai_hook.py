@@ -48,7 +48,7 @@ _in_model_call: ContextVar[bool] = ContextVar("tracerl_in_model_call", default=F
 """Set while a hooked model call runs: LiteLLM's call through the OpenAI SDK is one call, not two."""
 
 
-class _Call:
+class CallRecord:
     """One model call as the fault log sees it: where it went, its input, its time limit.
 
     ``returned()`` must follow the library call (it clears the "in a model call" mark);
@@ -88,12 +88,12 @@ class _Call:
 OPENAI_TIMEOUT_KNOB = "the client's timeout, e.g. Model(inference_timeout=...)"
 
 
-def _begin(completions: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, _Call]:
+def _begin(completions: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, CallRecord]:
     span = token = None
     client = getattr(completions, "_client", None)
     base_url = getattr(client, "base_url", None)
     timeout = kwargs.get("timeout")
-    call = _Call(base_url, kwargs, getattr(client, "timeout", None) if timeout is None else timeout, OPENAI_TIMEOUT_KNOB)
+    call = CallRecord(base_url, kwargs, getattr(client, "timeout", None) if timeout is None else timeout, OPENAI_TIMEOUT_KNOB)
     try:
         requested = prepare_request(kwargs, base_url)
         current = otel_context.get_current()
@@ -106,7 +106,7 @@ def _begin(completions: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, _Call]:
     return span, token, call
 
 
-def _detach(token: Any) -> None:
+def detach_context(token: Any) -> None:
     if token is not None:
         try:
             otel_context.detach(token)
@@ -114,7 +114,7 @@ def _detach(token: Any) -> None:
             record_error("openai_detach", error)
 
 
-def _fail(span: Any, error: BaseException) -> None:
+def end_span_with_error(span: Any, error: BaseException) -> None:
     if span is not None:
         with guard("openai_error"):
             end_with_error(span, error)
@@ -127,7 +127,7 @@ def _parsed(result: Any) -> Any:
     return result
 
 
-def _respond(span: Any, result: Any, stream_type: str, recorder: type, call: _Call) -> Any:
+def _respond(span: Any, result: Any, stream_type: str, recorder: type, call: CallRecord) -> Any:
     """What the caller gets back: ``result``, or a recorder that finishes the span as it streams."""
     if span is None:
         call.ended()
@@ -156,12 +156,12 @@ def _wrap_sync(original: Any) -> Any:
         try:
             result = original(self, *args, **kwargs)
         except BaseException as error:
-            _detach(token)
+            detach_context(token)
             call.returned()
-            _fail(span, error)
+            end_span_with_error(span, error)
             call.failed(error)
             raise
-        _detach(token)
+        detach_context(token)
         call.returned()
         return _respond(span, result, "Stream", StreamRecorder, call)
 
@@ -176,12 +176,12 @@ def _wrap_async(original: Any) -> Any:
         try:
             result = await original(self, *args, **kwargs)
         except BaseException as error:
-            _detach(token)
+            detach_context(token)
             call.returned()
-            _fail(span, error)
+            end_span_with_error(span, error)
             call.failed(error)
             raise
-        _detach(token)
+        detach_context(token)
         call.returned()
         return _respond(span, result, "AsyncStream", AsyncStreamRecorder, call)
 

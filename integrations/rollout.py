@@ -48,9 +48,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .faults import FaultLog
 
 _current: ContextVar["Rollout | None"] = ContextVar("tracerl_rollout", default=None)
-_start_hooks: list[Callable[["Rollout"], None]] = []
+start_hooks: list[Callable[["Rollout"], None]] = []
 """Called, each guarded, with a rollout just after its root span started (exporters register here)."""
-_end_hooks: list[Callable[["Rollout"], None]] = []
+end_hooks: list[Callable[["Rollout"], None]] = []
 """Called, each guarded, with a rollout just before its root span ends (exporters register here)."""
 
 
@@ -139,7 +139,7 @@ class Rollout:
                 attributes[semconv.ROLLOUT_TASK] = _short(self.task)
             if self.group is not None:
                 attributes[semconv.ROLLOUT_GROUP] = _short(self.group)
-            model_name = _model_name(self.model)
+            model_name = served_name_of(self.model)
             if model_name:
                 attributes[semconv.ROLLOUT_MODEL] = model_name
             # A fresh root: a rollout is one trace, even when started inside another one.
@@ -149,7 +149,7 @@ class Rollout:
             if self._buffer is not None:
                 self.pending_spans = PendingSpans(get_span_ids())
             self._tokens.append(otel_context.attach(trace.set_span_in_context(self._span)))
-            for hook in _start_hooks:
+            for hook in start_hooks:
                 with guard("rollout_start_hook"):
                     hook(self)
         self._tokens.append(_current.set(self))
@@ -170,7 +170,7 @@ class Rollout:
                 if failed is not None:
                     self._span.record_exception(failed)
                     self._span.set_status(trace.Status(trace.StatusCode.ERROR, type(failed).__name__))
-                for hook in _end_hooks:
+                for hook in end_hooks:
                     with guard("rollout_end_hook"):
                         hook(self)
                 self._span.end()
@@ -371,7 +371,7 @@ def _default_name(model: Any) -> str:
     return str(name) if name else "rollout"
 
 
-def _model_name(model: Any) -> str | None:
+def served_name_of(model: Any) -> str | None:
     if model is None:
         return None
     getter = getattr(model, "get_inference_name", None)

@@ -16,14 +16,14 @@ from . import direct_calls
 from .completions import chat_outcome
 from .deferred import MAKE_SPAN, DeferredSpan, new_span_id
 from .input_delta import delta_attributes
-from .messages import _plain, to_semconv, to_semconv_list
+from .messages import to_plain, to_semconv, to_semconv_list
 from .processor import TokenRecord, get_processor, get_tracer
 from .rollout import current_rollout
 
 _SPAN_KIND = trace.SpanKind.CLIENT
 
 
-def _dumps(value: Any) -> str:
+def json_text(value: Any) -> str:
     return json.dumps(value, default=str, ensure_ascii=False)
 
 
@@ -31,7 +31,7 @@ def tool_definitions(tools: Any) -> list[dict[str, Any]]:
     """OpenAI tool schemas -> semconv's flat ``{type, name, description, parameters}``."""
     out = []
     for tool in tools or ():
-        tool = _plain(tool)
+        tool = to_plain(tool)
         function = tool.get("function") if isinstance(tool, dict) else None
         if isinstance(function, dict):
             out.append({"type": tool.get("type", "function"), **function})
@@ -54,7 +54,7 @@ def _tool_definitions_json(tools: Any) -> str:
     cached = _TOOLS_JSON.get(id(tools))
     if cached is not None and cached[0] is tools and cached[1] == tools:
         return cached[2]
-    text = _dumps(tool_definitions(tools))
+    text = json_text(tool_definitions(tools))
     if isinstance(tools, list):
         if len(_TOOLS_JSON) >= _TOOLS_JSON_ENTRIES:
             _TOOLS_JSON.pop(next(iter(_TOOLS_JSON)), None)
@@ -135,7 +135,7 @@ def _start_span(
         sc.OPERATION_NAME: sc.OP_CHAT,
         sc.PROVIDER_NAME: provider,
         sc.LAYER: layer,
-        sc.INPUT_MESSAGES: inputs if getattr(tracer, "structured_attributes", False) else _dumps(inputs),
+        sc.INPUT_MESSAGES: inputs if getattr(tracer, "structured_attributes", False) else json_text(inputs),
         **delta_attributes(base),
     }
     if _given(model):
@@ -227,7 +227,7 @@ def end_chat_span(
     end_time: int | None = None,
 ) -> None:
     attributes: dict[str, Any] = {
-        sc.OUTPUT_MESSAGES: outputs if getattr(span, "structured_attributes", False) else _dumps(outputs)
+        sc.OUTPUT_MESSAGES: outputs if getattr(span, "structured_attributes", False) else json_text(outputs)
     }
     if response_id:
         attributes[sc.RESPONSE_ID] = str(response_id)

@@ -38,7 +38,7 @@ def clean_state(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     ti.reset_error_counts()
     yield
-    for processor in list(export._active.values()):
+    for processor in export.otlp.active():
         processor.shutdown()
 
 

@@ -59,7 +59,7 @@ def langfuse(collector, monkeypatch):
     ti.reset_error_counts()
     processor = ti.export_to_langfuse(collector.url, PK, SK, environment="rl-test")
     yield processor
-    for active in list(export._active.values()):
+    for active in export.otlp.active():
         active.shutdown()
 
 

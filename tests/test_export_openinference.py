@@ -37,7 +37,7 @@ def collector(hosted):
         processor = ti.export_to_langfuse(c.url, PK, SK)
         yield c
         processor.shutdown()
-    assert not export._active
+    assert not export.otlp.active()
 
 
 async def test_react_agent_with_openinference_is_one_generation_per_request(hosted, collector):
@@ -45,7 +45,7 @@ async def test_react_agent_with_openinference_is_one_generation_per_request(host
     first = len(hosted.responses)
     async with ti.rollout(task="oi react", group="g-oi") as r:
         await agent.ainvoke({"messages": [("user", "oi react")]})
-    assert export._active and all(p.force_flush() for p in export._active.values())
+    assert export.otlp.active() and all(p.force_flush() for p in export.otlp.active())
     requests, prompt_tokens, completion_tokens = _served(hosted, first)
     trace_id = r.trajectory.trace_id
     kinds = {s.scope for s in collector.trace(trace_id)}
@@ -67,7 +67,7 @@ async def test_litellm_with_openinference_is_one_generation_per_request(hosted, 
             await litellm.acompletion(
                 model="openai/gpt-4o-mini", api_base=hosted.base_url, api_key="x", messages=[{"role": "user", "content": q}]
             )
-    assert all(p.force_flush() for p in export._active.values())
+    assert all(p.force_flush() for p in export.otlp.active())
     requests, prompt_tokens, _ = _served(hosted, first)
     trace_id = r.trajectory.trace_id
     assert r.trajectory.metrics["capture_duplicate_calls"] >= 2  # OpenInference's LiteLLM and OpenAI spans

@@ -110,12 +110,9 @@ def private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-@pytest.mark.parametrize("package", ["tracerl", "tracerl.ruler", "tracerl.mcp_rl"])
+@pytest.mark.parametrize("package", list(PACKAGE_DIRS))
 def test_no_private_name_is_imported_across_modules(package):
-    """A ``_name`` or a ``_module`` is its file's own business; another module using it is a missing public name.
-
-    ``tracerl.integrations`` is held to this when capture is rebuilt on one route (issue 28).
-    """
+    """A ``_name`` or a ``_module`` is its file's own business; another module using it is a missing public name."""
     own = modules(package)
     known = set(modules("tracerl")) | set(modules("tracerl.integrations")) | set(modules("tracerl.ruler")) | set(modules("tracerl.mcp_rl"))
     offences = []

@@ -29,4 +29,4 @@ def test_rollouts_over_two_driver_processes_with_profiles(tmp_path):
     for name in ("driver", "router", "replicas"):
         assert abs(sum(profile[name]["self_share"].values()) - 1.0) < 1e-6
     assert "OpenAI SDK" in profile["driver"]["self_share"] and "tracerl" in profile["router"]["self_share"]
-    assert any("cluster/_app.py" in f["function"] for f in profile["router"]["tracerl_top_self"])
+    assert any("cluster/app.py" in f["function"] for f in profile["router"]["tracerl_top_self"])

@@ -2,7 +2,7 @@
 
 Layout (ART-compatible, under ``base_path``, default ``.tracerl``)::
 
-    {project}/models/{name}/model.json
+    {project}/models/{name}/model.json                     (what was trained, and the run format)
     {project}/models/{name}/run.lock                       (held by the backend training it)
     {project}/models/{name}/history.jsonl
     {project}/models/{name}/checkpoints/{step:04d}/        (peft adapter + step.json)
@@ -43,6 +43,7 @@ from .durable import (
 from .run_lock import RunLock
 
 __all__ = [
+    "RUN_FORMAT",
     "STEP_RECORD",
     "TRAIN_SPLIT",
     "RunDir",
@@ -58,6 +59,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("tracerl")
+
+RUN_FORMAT = 1
+"""The on-disk format of a run directory, written into ``model.json`` as ``"format"``.
+
+Runs written before formats were numbered (tracerl 0.1.0 until 2026-12-04) have no
+``"format"`` and are format 1: the layout above has not changed since.  Raise it when a
+change would make an older tracerl misread a run, and teach :meth:`RunDir.read_model_info`
+to read the older formats, so a run keeps loading across upgrades."""
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _CHECKPOINT_RE = re.compile(r"\d{4,}")
@@ -118,6 +127,29 @@ class RunDir:
         return RunLock(self.root / "run.lock", f"model {self.project}/{self.name} ({self.root})")
 
     # -- files ------------------------------------------------------------------------------------
+    @property
+    def model_info_path(self) -> Path:
+        return self.root / "model.json"
+
+    def read_model_info(self) -> dict[str, Any] | None:
+        """``model.json`` (None before the first registration); a run of a newer format is refused."""
+        if not self.model_info_path.exists():
+            return None
+        info = json.loads(self.model_info_path.read_text())
+        run_format = info.get("format", 1)
+        if not isinstance(run_format, int) or isinstance(run_format, bool) or run_format < 1:
+            raise ConfigError(f"{self.model_info_path}: run format {run_format!r} is not a positive integer")
+        if run_format > RUN_FORMAT:
+            raise ConfigError(
+                f"{self.root} was written by a newer tracerl (run format {run_format}); this one reads formats up to "
+                f"{RUN_FORMAT}: upgrade tracerl to use this run"
+            )
+        return info
+
+    def write_model_info(self, info: dict[str, Any]) -> None:
+        """Write ``model.json`` with this tracerl's :data:`RUN_FORMAT`."""
+        self.write_json(self.model_info_path, {**info, "format": RUN_FORMAT})
+
     def write_json(self, path: Path, data: Any) -> None:
         atomic_write_text(path, json.dumps(data, indent=2, default=str))
 

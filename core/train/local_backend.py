@@ -130,6 +130,7 @@ class LocalBackend:
 
     async def _open(self, model: TrainableModel, run_dir: RunDir, lock: RunLock) -> None:
         """Under the run lock: repair what a kill left, write checkpoint 0 if new, start serving."""
+        run_dir.read_model_info()  # a run of a newer format is refused before anything touches it
         model_path = await asyncio.to_thread(resolve_base_model, model.base_model)
         run_dir.repair()
         state = _Registered(model=model, run_dir=run_dir, model_path=model_path, lock=lock)
@@ -600,12 +601,10 @@ def _write_model_json(run_dir: RunDir, model: TrainableModel, model_path: Path) 
         "resolved_base_model": str(model_path),
         "lora_config": model.lora_config,
     }
-    path = run_dir.root / "model.json"
-    if path.exists():
-        previous = json.loads(path.read_text())
-        if previous.get("base_model") != model.base_model:
-            raise ConfigError(
-                f"{run_dir.root} was trained from base_model {previous.get('base_model')!r}, not {model.base_model!r}: "
-                "use another model name or delete that directory"
-            )
-    run_dir.write_json(path, data)
+    previous = run_dir.read_model_info()
+    if previous is not None and previous.get("base_model") != model.base_model:
+        raise ConfigError(
+            f"{run_dir.root} was trained from base_model {previous.get('base_model')!r}, not {model.base_model!r}: "
+            "use another model name or delete that directory"
+        )
+    run_dir.write_model_info(data)

@@ -12,15 +12,17 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Mapping
 
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from tracerl.errors import ConfigError
 
 from ..outbound import mark_internal_url
-from . import langfuse, otlp
+from . import langfuse, otlp, scores
 from .langfuse import langfuse_attributes, langfuse_span_filter
-from .otlp import ExportError, export_to_otlp
-from .scores import ScoreSender, export_scores, install_hooks
+from .otlp import ExportError
+from .scores import ScoreSender, export_scores
 from .steps import export_step
 
 __all__ = [
@@ -32,9 +34,6 @@ __all__ = [
     "langfuse_attributes",
     "langfuse_span_filter",
 ]
-
-_active = otlp._active  # the configured destinations, by (provider, endpoint)
-
 
 def export_to_langfuse(
     host: str | None = None, public_key: str | None = None, secret_key: str | None = None, *,
@@ -66,3 +65,48 @@ def export_to_langfuse(
     )  # fmt: skip
     install_hooks()
     return processor
+
+
+def export_to_otlp(
+    endpoint: str, *, headers: Mapping[str, str] | None = None, tracer_provider: TracerProvider | None = None,
+    timeout_s: float = 10.0, compression: str = "gzip", add_langfuse_attributes: bool = True,
+    environment: str | None = None,
+) -> SpanProcessor:  # fmt: skip
+    """Send every span of the provider tracerl captures on (rollouts, gen_ai spans from any
+    instrumentor) to an OTLP/HTTP endpoint, e.g. ``http://localhost:6006/v1/traces`` (Phoenix).
+
+    With ``add_langfuse_attributes`` (default) the spans carry Langfuse's mapping (for a
+    Langfuse behind a collector) and an outer layer of a model call is sent as a plain span,
+    so no backend counts a request twice; ``environment`` is written as ``langfuse.environment``.
+    Returns the processor (``force_flush()`` / ``shutdown()``); calling again with the same
+    endpoint returns the same one.  Raises :class:`~tracerl.ConfigError` for a bad URL or compression.
+    """
+    url = otlp.check_url(endpoint, "OTLP endpoint")
+    if compression not in ("gzip", "deflate", "none"):
+        raise ConfigError(f"compression must be 'gzip', 'deflate' or 'none', not {compression!r}")
+    where = langfuse.destination(environment, None, None) if add_langfuse_attributes else None
+    processor = otlp.attach(url, headers, tracer_provider, timeout_s, compression, where)
+    install_hooks()
+    return processor
+
+
+_hooks_lock = threading.Lock()
+_hooks_installed = False
+
+
+def install_hooks() -> None:
+    """Rollout start/end, RULER's ``apply_scores``, the judge and ``model.log`` report to the exporters (once)."""
+    global _hooks_installed
+    with _hooks_lock:
+        if _hooks_installed:
+            return
+        _hooks_installed = True
+    from tracerl.model import on_log
+    from tracerl.ruler.group import on_scores_applied
+
+    from ..rollout import end_hooks, start_hooks
+
+    start_hooks.append(scores.on_rollout_start)
+    end_hooks.append(scores.on_rollout_end)
+    on_scores_applied.append(scores.on_scores_applied)
+    on_log.append(export_step)

@@ -13,9 +13,8 @@ import threading
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
 from tracerl.errors import ConfigError, TracerlError
 
 from ..health import record_error
@@ -135,31 +134,4 @@ def attach(
                 exporter.skip_sdk_spans = bool(processor.shared_sdk_processors)
             _active[(id(provider), endpoint)] = processor
             provider.add_span_processor(processor)
-    return processor
-
-
-def export_to_otlp(
-    endpoint: str, *, headers: Mapping[str, str] | None = None, tracer_provider: TracerProvider | None = None,
-    timeout_s: float = 10.0, compression: str = "gzip", add_langfuse_attributes: bool = True,
-    environment: str | None = None,
-) -> SpanProcessor:  # fmt: skip
-    """Send every span of the provider tracerl captures on (rollouts, gen_ai spans from any
-    instrumentor) to an OTLP/HTTP endpoint, e.g. ``http://localhost:6006/v1/traces`` (Phoenix).
-
-    With ``add_langfuse_attributes`` (default) the spans carry Langfuse's mapping (for a
-    Langfuse behind a collector) and an outer layer of a model call is sent as a plain span,
-    so no backend counts a request twice; ``environment`` is written as ``langfuse.environment``.
-    Returns the processor (``force_flush()`` / ``shutdown()``); calling again with the same
-    endpoint returns the same one.  Raises :class:`~tracerl.ConfigError` for a bad URL or compression.
-    """
-    from .langfuse import destination
-
-    url = check_url(endpoint, "OTLP endpoint")
-    if compression not in ("gzip", "deflate", "none"):
-        raise ConfigError(f"compression must be 'gzip', 'deflate' or 'none', not {compression!r}")
-    where = destination(environment, None, None) if add_langfuse_attributes else None
-    processor = attach(url, headers, tracer_provider, timeout_s, compression, where)
-    from .scores import install_hooks
-
-    install_hooks()
     return processor

@@ -96,7 +96,6 @@ class ScoreSender:
 
 _lock = threading.Lock()
 _last_sent: OrderedDict[tuple[str, str], tuple[float, str | None]] = OrderedDict()
-_hooks_installed = False
 
 
 def export_scores(items: T) -> T:
@@ -168,31 +167,12 @@ def submit(body: dict[str, Any], comment: str | None, metadata: dict[str, Any] |
             processor.scores.submit({**body, "environment": processor.where.environment or "default"})
 
 
-def install_hooks() -> None:
-    """Rollout start/end, RULER's ``apply_scores``, the judge and ``model.log`` report to the exporters."""
-    global _hooks_installed
-    with _lock:
-        if _hooks_installed:
-            return
-        _hooks_installed = True
-    from tracerl.model import on_log
-    from tracerl.ruler.group import on_scores_applied
-
-    from ..rollout import _end_hooks, _start_hooks
-    from .steps import export_step
-
-    _start_hooks.append(_on_rollout_start)
-    _end_hooks.append(_on_rollout_end)
-    on_scores_applied.append(_on_scores_applied)
-    on_log.append(export_step)
-
-
-def _on_rollout_start(scope: Any) -> None:
+def on_rollout_start(scope: Any) -> None:
     if otlp.active():
         traces.register(scope._span.get_span_context().trace_id, traces.from_rollout(scope))
 
 
-def _on_rollout_end(scope: Any) -> None:
+def on_rollout_end(scope: Any) -> None:
     """Before the root span ends: the trace's output, the reward on the root and to Langfuse."""
     if not otlp.active():
         return
@@ -205,7 +185,7 @@ def _on_rollout_end(scope: Any) -> None:
     emit(f"{context.trace_id:032x}", "reward", reward, evaluation_span=False)  # the event above is in the trace
 
 
-def _on_scores_applied(group: TrajectoryGroup) -> None:
+def on_scores_applied(group: TrajectoryGroup) -> None:
     if otlp.active():
         export_scores(group)
 

@@ -77,10 +77,10 @@ def for_trajectory(trajectory: Trajectory) -> TraceInfo | None:
 
 def from_rollout(scope: Any) -> TraceInfo:
     """The fields of a rollout's trace: name, session = group, tags = split + model + given tags."""
-    from ..rollout import _model_name
+    from ..rollout import served_name_of
 
     model = scope.model
-    version = _model_name(model)
+    version = served_name_of(model)
     base_name = getattr(model, "name", None) if model is not None and not isinstance(model, str) else model
     split = scope.split if scope.split is not None else scope.metadata.get("split")
     tags = _unique([*([str(split)] if split else []), *([str(base_name)] if base_name else []), *scope.tags])
