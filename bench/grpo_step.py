@@ -44,8 +44,9 @@ Ceiling (``bench/ceiling.py``) is measured in this invocation before and after t
 GFLOP/s, P = the base model's parameters (134.5M): a LoRA step costs forward 2P + backward 2P
 FLOPs per computed position (the activation gradients through the frozen weights; the frozen
 weights get no gradients of their own, full fine-tuning's other 2P); attention's quadratic
-term, the checkpoint recompute and LoRA's own matmuls are not counted.  "Computed tokens" are the positions the model runs (padding
-included); "logical tokens" are the batch's ``sequences x (prompt + completion)``.
+term, the checkpoint recompute and LoRA's own matmuls are not counted.  "Computed tokens" are
+the positions the model runs (padding included); "logical tokens" are the batch's
+``sequences x (prompt + completion)``.
 
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/grpo_step.py --sequences 16 --prompt-tokens 300 --completion-tokens 40 --steps 5 --warmup 1 --json bench/grpo_step.json
     .venv/bin/python bench/grpo_step.py --table-only bench/grpo_step.json
