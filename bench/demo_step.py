@@ -25,8 +25,9 @@ step's wall time = its train row's time − the previous row's (gather + ``backe
 = process start → the step-0 held-out row (registration, vLLM start-up, 16 greedy rollouts).  The
 side is stopped (SIGINT: the demo closes its backend) once its last timed step is logged.
 % of ceiling: the step's useful FLOPs over its wall time against the ceiling's best fp32 matmul
-rate, useful FLOPs = 2·P·(trained tokens) for decoding + 6·P·(forward tokens) for training
-(the prompts' prefill and the checkpointing recompute are not counted), P = 134.5M.  Memory:
+rate, useful FLOPs = 2·P·(trained tokens) for decoding + 4·P·(forward tokens) for the LoRA
+training step (forward 2P + activation gradients 2P; the frozen weights get no gradients; the
+prompts' prefill and the checkpointing recompute are not counted), P = 134.5M.  Memory:
 the peak of the summed PSS of the demo's process tree (vLLM's processes included; each shared
 page split between the processes mapping it) over the whole side, sampled every 0.2 s.
 
@@ -206,7 +207,7 @@ def run_side(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def summarize(record: dict[str, Any]) -> dict[str, Any]:
     steps = record["steps"]
     walls = [s["wall_seconds"] for s in steps]
-    flops = [2 * PARAMETERS * s["trained_tokens"] + 6 * PARAMETERS * s["forward_tokens"] for s in steps]
+    flops = [2 * PARAMETERS * s["trained_tokens"] + 4 * PARAMETERS * s["forward_tokens"] for s in steps]
     gflops = statistics.median(f / s["wall_seconds"] / 1e9 for f, s in zip(flops, steps))
     split = {}
     for key in (*SPLIT, "backend_train_seconds"):

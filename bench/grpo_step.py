@@ -40,11 +40,13 @@ the table shows the larger.  Between its steps a worker returns freed heap to th
 (``malloc_trim``) so that idle sides do not crowd the one running.
 
 Ceiling (``bench/ceiling.py``) is measured in this invocation before and after the rounds.
-% of ceiling = 6 x P x computed tokens / (s/step) over the ceiling's best fp32 matmul
-GFLOP/s, P = the base model's parameters (134.5M): forward 2P + backward 4P FLOPs per
-computed position; attention's quadratic term, the checkpoint recompute and LoRA's own
-matmuls are not counted.  "Computed tokens" are the positions the model runs (padding
-included); "logical tokens" are the batch's ``sequences x (prompt + completion)``.
+% of ceiling = 4 x P x computed tokens / (s/step) over the ceiling's best fp32 matmul
+GFLOP/s, P = the base model's parameters (134.5M): a LoRA step costs forward 2P + backward 2P
+FLOPs per computed position (the activation gradients through the frozen weights; the frozen
+weights get no gradients of their own, full fine-tuning's other 2P); attention's quadratic
+term, the checkpoint recompute and LoRA's own matmuls are not counted.  "Computed tokens" are
+the positions the model runs (padding included); "logical tokens" are the batch's
+``sequences x (prompt + completion)``.
 
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/grpo_step.py --sequences 16 --prompt-tokens 300 --completion-tokens 40 --steps 5 --warmup 1 --json bench/grpo_step.json
     .venv/bin/python bench/grpo_step.py --table-only bench/grpo_step.json
@@ -70,6 +72,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LR = 1e-5
 MAX_GRAD_NORM = 0.1
+LORA_STEP_FLOPS_PER_PARAMETER = 4
+"""FLOPs per base parameter per computed token of a LoRA step: forward 2 + activation gradients 2."""
 SIDES = ("tracerl-shared", "tracerl-distinct", "trl-gc", "trl-nogc")
 LABELS = {
     "tracerl-shared": "tracerl `LoRATrainer.step`, GRPO batch (prompt shared)",
@@ -385,13 +389,13 @@ def table(result: dict[str, Any]) -> str:
         + (f"{result['ceiling_after']['matmul_gflops']:.1f} after" if "ceiling_after" in result else "(run incomplete)"),
         "",
         "| side | micro-batches × rows | computed / logical tokens | s/step (median) | min–max | logical tokens/s | computed tokens/s "
-        "| GFLOP/s (6·P·computed) | % of matmul ceiling | peak RSS of process tree (MB) | TRL ÷ tracerl: s/step | TRL ÷ tracerl: peak RSS |",
+        "| GFLOP/s (4·P·computed) | % of matmul ceiling | peak RSS of process tree (MB) | TRL ÷ tracerl: s/step | TRL ÷ tracerl: peak RSS |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for side, r in results.items():
         med = medians[side]
         computed = r["computed_tokens"]
-        gflops = 6 * r["base_parameters"] * computed / med / 1e9
+        gflops = LORA_STEP_FLOPS_PER_PARAMETER * r["base_parameters"] * computed / med / 1e9
         peak = max(r["tree_peak_rss_mb"], r.get("ru_maxrss_mb", 0.0))
         shape = f"{r['micro_batches']} × {r.get('rows_per_micro_batch', '–')}" if "rows_per_micro_batch" in r else f"{r['micro_batches']} packed"
         ratios = []

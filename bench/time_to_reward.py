@@ -16,8 +16,9 @@ message, worked examples, user message and ``add`` tool rendered by the model's 
   tracerl's Hermes tool-call parser, 0.8 max).  Generation: ``--trl-generation`` picks TRL's
   transformers paths (``generate``: one left-padded batch of the step's rows with the KV cache;
   ``continuous``: ``use_transformers_continuous_batching``).  TRL's vLLM modes cannot run here
-  (see ``bench/RESULTS.md``): both import vLLM into the trainer process and the server mode's
-  weight sync is NCCL-only (``VLLMClient.init_communicator`` raises for a non-CUDA device).
+  (see ``bench/history/RESULTS-until-2026-12-04.md``): both import vLLM into the trainer
+  process and the server mode's weight sync is NCCL-only (``VLLMClient.init_communicator``
+  raises for a non-CUDA device).
 
 Both sides are compared on the same held-out metric: the **first-turn reward (0.8 max)** of a
 greedy reply to each of ``--val-tasks`` fixed held-out tasks, before training and after
@@ -37,8 +38,9 @@ the median time to target over seeds with a 95% percentile-bootstrap interval (s
 resampled, 10,000 draws), and the TRL/tracerl ratio of medians with a paired bootstrap
 interval; a run that never reached the target counts as +inf (it can make a median "not
 reached").  Throughput as % of the ceiling: the FLOPs each side computed on its train clock,
-2·P·(sampled tokens) + 6·P·(tokens run forward+backward by the trainer), P = 134.5M, over the
-train clock, against that seed's ceiling.
+2·P·(sampled tokens) + 4·P·(tokens run forward+backward by the trainer: a LoRA step's forward
+2P + activation gradients 2P, no gradients for the frozen weights), P = 134.5M, over the train
+clock, against that seed's ceiling.
 
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/time_to_reward.py --seeds 0,1,2,3,4
     .venv/bin/python bench/time_to_reward.py --table-only [--target 0.6]
@@ -418,7 +420,7 @@ def bootstrap(values: list[float], stat: Any, draws: int = 10_000, seed: int = 0
 
 
 def gflops(run: dict) -> float:
-    flops = sum(2 * PARAMETERS * s["sampled_tokens"] + 6 * PARAMETERS * s["forward_tokens"] for s in run["steps"])
+    flops = sum(2 * PARAMETERS * s["sampled_tokens"] + 4 * PARAMETERS * s["forward_tokens"] for s in run["steps"])
     return flops / max(run["train_seconds"], 1e-9) / 1e9
 
 
@@ -508,7 +510,7 @@ def main() -> None:
     p.add_argument("--inference", choices=["auto", "vllm", "transformers"], default="auto", help="tracerl's server (the demo's flag)")
     p.add_argument("--serving", choices=["auto", "merged", "lora"], default="auto", help="tracerl's serving (the demo's flag)")
     p.add_argument("--trl-generation", choices=["generate", "continuous"], default="generate",
-                   help="TRL's transformers generation path (see RESULTS.md for the measurement behind the default)")  # fmt: skip
+                   help="TRL's transformers generation path (see bench/history/ for the measurement behind the default)")  # fmt: skip
     p.add_argument("--groups-per-step", type=int, default=1)
     p.add_argument("--rollouts", type=int, default=8, help="group size")
     p.add_argument("--lr", type=float, default=1e-4)

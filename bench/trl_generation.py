@@ -7,7 +7,7 @@ on what ``bench/time_to_reward.py``'s TRL side generates each step: 8 rows of th
 first-turn prompt (409 tokens: system message, two worked examples, the task, the ``add``
 tool), 40 new tokens at T=1, on the LoRA (r=16, all 7 projections) model, 3 repetitions each
 (the first ``generate`` call includes warm-up).  TRL's vLLM paths are not candidates on this
-machine: see ``bench/RESULTS.md``, "Time to reward".
+machine: see ``bench/history/RESULTS-until-2026-12-04.md``, "Time to reward".
 
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/trl_generation.py
 """

@@ -40,7 +40,7 @@ def test_steps_come_from_the_history_rows_times_and_split() -> None:
     assert got["steps"][0]["rollout_seconds"] == 20.0 and got["steps"][1]["rollout_seconds"] is None
     summary = demo_step.summarize({"steps": got["steps"], "ceiling_before": {"matmul_gflops": 100.0}})
     assert summary["median_wall"] == 25.0 and summary["rollout_seconds"] == 20.0 and summary["train_seconds"] is None
-    flops = 2 * demo_step.PARAMETERS * 100 + 6 * demo_step.PARAMETERS * 1000
+    flops = 2 * demo_step.PARAMETERS * 100 + 4 * demo_step.PARAMETERS * 1000
     assert abs(summary["gflops"] - (flops / 30 / 1e9 + 0.0) / 2) < 1e-9
 
 
