@@ -3,7 +3,7 @@
 The import package ``tracerl`` is put together from four folders by setuptools' ``package-dir``
 (``core/`` is ``tracerl``, ``integrations/`` is ``tracerl.integrations``, ``ruler/`` and
 ``mcp_rl/`` likewise), so no folder of the repository is named ``tracerl`` for griffe to find,
-and griffe's support for editable installs expects one.  Before each build this hook lays out
+and griffe's support for editable installs expects one.  When a build starts this hook lays out
 ``.docs-src/tracerl/`` (git-ignored) as symlinks into those folders, taking the mapping from
 ``pyproject.toml``, and ``mkdocs.yml`` points mkdocstrings' ``paths`` there.  So the API
 reference is always this checkout's source, read statically: no torch, no installed tracerl.
@@ -15,6 +15,8 @@ import os
 import re
 import tomllib
 from pathlib import Path
+
+from mkdocs.plugins import event_priority
 
 ROOT = Path(__file__).resolve().parent.parent
 TREE = ROOT / ".docs-src"
@@ -64,8 +66,10 @@ def lay_out_source_tree() -> Path:
     return TREE
 
 
-def on_pre_build(config) -> None:  # noqa: ANN001 - mkdocs' hook signature
+@event_priority(100)  # before mkdocstrings': its handler drops a `paths` entry that does not exist yet
+def on_config(config):  # noqa: ANN001, ANN201 - mkdocs' hook signature
     lay_out_source_tree()
+    return config
 
 
 def on_page_content(html: str, **_) -> str:
