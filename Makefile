@@ -7,11 +7,12 @@ STAMP := $(VENV)/.tracerl-installed
 VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
 PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
 RAY_STAMP := $(VENV)/.tracerl-ray-installed
+DOCS_STAMP := $(VENV)/.tracerl-docs-installed
 BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray demo test chaos bench clean
+.PHONY: install install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-docs demo test docs chaos bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -54,6 +55,19 @@ $(RAY_STAMP): $(STAMP)
 
 install-ray: $(RAY_STAMP)
 
+# mkdocs-material + mkdocstrings for the docs site (~140 MB). It needs no torch: the API reference reads
+# the source statically (docs/hooks.py), so `make docs` alone sets up only this (and tracerl's light deps).
+$(DOCS_STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+install-docs: $(DOCS_STAMP)
+
+# the site (docs/, mkdocs.yml) into site/: broken links, anchors and API references fail the build
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
+
 # jemalloc under the trainer: ~0.9 GB less peak per training step than glibc's malloc (tracerl.train.allocator).
 # Best effort: installed with apt when this runs as root on Debian/Ubuntu, otherwise a hint; nothing needs it.
 install-jemalloc: $(STAMP)
@@ -65,7 +79,7 @@ install-jemalloc: $(STAMP)
 demo: install-vllm install-jemalloc
 	$(BIN)/python examples/demo.py
 
-test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray
+test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray install-docs
 	$(BIN)/python -m pytest -q tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
@@ -91,4 +105,4 @@ bench: install-vllm install-valgrind $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) .tracerl
+	rm -rf $(VENV) $(SKY_VENV) .tracerl site .docs-src
