@@ -42,6 +42,7 @@ HOOKS = {
     "litellm": ("litellm", ".litellm_hook"),
     "langchain": ("langchain_core", ".langchain_hook"),
     "mcp": ("mcp", ".mcp_hook"),
+    "anthropic": ("anthropic", ".anthropic_hook"),
 }
 """Hook name -> (the library it hooks, the hook's module in this package)."""
 

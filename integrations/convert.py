@@ -26,7 +26,7 @@ from .health import record_error
 from .input_delta import base_of
 from .messages import canonical, from_openinference, from_semconv
 
-LAYER_PRIORITY = {"openai": 0, "litellm": 1, "langchain": 2}
+LAYER_PRIORITY = {"openai": 0, "openai_responses": 0, "anthropic": 0, "litellm": 1, "langchain": 2}
 """Which layer's record of a request is kept (closest to the wire first)."""
 GENAI_PRIORITY = 3
 _OPENINFERENCE_PRIORITY = 4

@@ -16,7 +16,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from .health import guard
-from .openai_hook import CallRecord, detach_context, end_span_with_error, prepare_request
+from .model_calls import CallRecord, detach_context, end_span_with_error
+from .openai_hook import prepare_request
 from .patching import Patches
 from .spans import finish_chat_span, start_chat_span
 from .streams import AsyncStreamRecorder, StreamRecorder

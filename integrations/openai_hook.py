@@ -1,4 +1,5 @@
-"""Hook for the ``openai`` SDK: ``chat.completions.create`` on ``OpenAI`` and ``AsyncOpenAI``.
+"""Hook for the ``openai`` SDK: ``chat.completions.create`` on ``OpenAI`` and ``AsyncOpenAI``
+(and ``responses.create``, through :mod:`.api_hooks`).
 
 Each call becomes a GenAI-semconv ``chat {model}`` span (made current, so lower layers
 such as OpenInference's request span nest under it); streams are re-assembled as they
@@ -14,18 +15,17 @@ swallows the error; a retry of the same request that succeeds forgives it.
 from __future__ import annotations
 
 import functools
-from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from . import semconv as sc
-from . import faults
 from .endpoints import is_tracerl_endpoint
-from .health import guard, record_error
+from .health import record_error
+from .model_calls import CallRecord, detach_context, end_span_with_error
 from .patching import Patches
-from .spans import end_with_error, finish_chat_span, start_chat_span
+from .spans import finish_chat_span, start_chat_span
 from .streams import AsyncStreamRecorder, StreamRecorder
 
 _patches = Patches()
@@ -42,47 +42,6 @@ def prepare_request(kwargs: dict[str, Any], base_url: Any) -> bool:
     if kwargs.get("logprobs") in (None, False) or type(kwargs.get("logprobs")).__name__ == "Omit":
         kwargs["logprobs"] = True
     return True
-
-
-_in_model_call: ContextVar[bool] = ContextVar("tracerl_in_model_call", default=False)
-"""Set while a hooked model call runs: LiteLLM's call through the OpenAI SDK is one call, not two."""
-
-
-class CallRecord:
-    """One model call as the fault log sees it: where it went, its input, its time limit.
-
-    ``returned()`` must follow the library call (it clears the "in a model call" mark);
-    ``failed`` / ``ended`` report the outcome.  A call made inside another hooked call
-    (LiteLLM's own OpenAI SDK call) reports nothing: the outer call does.
-    """
-
-    __slots__ = ("target", "kwargs", "timeout", "knob", "nested", "_mark")
-
-    def __init__(self, target: Any, kwargs: dict[str, Any], timeout: Any, knob: str) -> None:
-        self.target, self.kwargs, self.timeout, self.knob = target, kwargs, timeout, knob  # str() when it fails
-        self.nested = _in_model_call.get()
-        self._mark = _in_model_call.set(True)
-        if not self.nested:
-            faults.note_start("model", self.key)
-
-    def key(self) -> int:
-        return faults.call_key(str(self.target), self.kwargs.get("model"), self.kwargs.get("messages"))
-
-    def returned(self) -> None:
-        try:  # try/except rather than ``guard`` on the per-call path: three Python calls fewer
-            _in_model_call.reset(self._mark)
-        except Exception as error:  # noqa: BLE001 - capture never raises into the call
-            record_error("model_call_mark", error)
-
-    def failed(self, error: BaseException) -> None:
-        if not self.nested:
-            faults.note_failure("model", str(self.target), error, self.key, timeout=self.timeout, knob=self.knob)
-
-    def ended(self, error: BaseException | None = None) -> None:
-        if error is not None:
-            self.failed(error)
-        elif not self.nested:
-            faults.note_success("model", self.key)
 
 
 OPENAI_TIMEOUT_KNOB = "the client's timeout, e.g. Model(inference_timeout=...)"
@@ -104,20 +63,6 @@ def _begin(completions: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, CallReco
     except Exception as error:  # noqa: BLE001 - as ``guard``
         record_error("openai_request", error)
     return span, token, call
-
-
-def detach_context(token: Any) -> None:
-    if token is not None:
-        try:
-            otel_context.detach(token)
-        except Exception as error:  # noqa: BLE001 - as ``guard``
-            record_error("openai_detach", error)
-
-
-def end_span_with_error(span: Any, error: BaseException) -> None:
-    if span is not None:
-        with guard("openai_error"):
-            end_with_error(span, error)
 
 
 def _parsed(result: Any) -> Any:
@@ -190,13 +135,22 @@ def _wrap_async(original: Any) -> Any:
 
 
 def instrument() -> bool:
-    """Patch ``chat.completions.create`` (sync and async); idempotent. False if ``openai`` is missing."""
+    """Patch ``chat.completions.create`` and ``responses.create`` (sync and async; ``responses.stream``
+    calls ``create``); idempotent. False if ``openai`` is missing."""
     try:
         from openai.resources.chat.completions import AsyncCompletions, Completions
     except ImportError:
         return False
     _patches.apply(Completions, "create", _wrap_sync)
     _patches.apply(AsyncCompletions, "create", _wrap_async)
+    try:
+        from openai.resources.responses import AsyncResponses, Responses
+    except ImportError:  # an SDK from before the Responses API
+        return True
+    from .api_hooks import RESPONSES, wrap_create
+
+    _patches.apply(Responses, "create", lambda original: wrap_create(RESPONSES, original, is_async=False))
+    _patches.apply(AsyncResponses, "create", lambda original: wrap_create(RESPONSES, original, is_async=True))
     return True
 
 

@@ -72,4 +72,7 @@ def test_checkpointing_gives_the_same_step(smol_path, checkpointing: bool | int)
     assert plain_metrics["grad_norm"] == pytest.approx(checkpointed_metrics["grad_norm"], rel=1e-4)
     assert plain.keys() == checkpointed.keys() and len(plain) > 0
     for name in plain:
-        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-3, atol=1e-8, msg=name)
+        # recomputed activations sum in another order: an element near zero can differ by float noise
+        # (seen up to 5e-6 of the tensor's largest gradient), so the tolerance is scaled by that
+        scale = plain[name].abs().max().item()
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-3, atol=1e-4 * scale, msg=name)

@@ -367,3 +367,17 @@ async def test_streaming_clients_get_the_same_completion(client):
         for choice in chunk.choices:
             names += [call.function.name for call in choice.delta.tool_calls or []]
     assert names == ["add"]
+
+
+async def test_responses_and_messages_routes_sample_as_chat_does(server, client):
+    """OpenAI's Responses API and Anthropic's Messages API on each server (tests/test_api_protocols.py holds the rest)."""
+    import anthropic
+
+    reference = (await _chat(client, temperature=0.0, max_tokens=6)).choices[0]
+    response = await client.responses.create(model=SERVED, input=HELLO[0]["content"], max_output_tokens=6, temperature=0.0)
+    assert response.model_extra["token_ids"] == _ids(reference) and response.output_text == reference.message.content
+    claude = anthropic.AsyncAnthropic(base_url=server.base_url.removesuffix("/v1"), api_key=server.api_key, max_retries=0, timeout=300)
+    message = await claude.messages.create(model=SERVED, max_tokens=6, messages=HELLO, extra_body={"temperature": 0.0})
+    assert message.model_extra["token_ids"] == _ids(reference) and message.content[0].text == reference.message.content
+    with pytest.raises(anthropic.BadRequestError, match="frobnicate"):
+        await claude.messages.create(model=SERVED, max_tokens=6, messages=HELLO, extra_body={"frobnicate": 1})

@@ -69,7 +69,8 @@ def build_app(router: Relay) -> Any:
         return Response(content, status_code=response.status, headers=headers)
 
     # the relayed routes are plain Starlette routes: FastAPI's dependency solving costs ~0.2 ms a request
-    for path, method in (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/models", "GET")):
+    for path, method in (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/responses", "POST"),
+                         ("/v1/messages", "POST"), ("/v1/models", "GET")):
         async def relayed(request: Request, path: str = path) -> Any:
             return await proxied(request, path)
 

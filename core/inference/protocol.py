@@ -68,6 +68,22 @@ def _integer(body: dict[str, Any], key: str, default: int | None, low: int, high
     return value
 
 
+def joined_text(content: Any, where: str, *, param: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """A string, or the text of a list of text parts whose ``type`` is one of ``kinds`` (400 otherwise)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in kinds and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise OpenAIError(f"{where}: only text content is supported here, not {kind!r}", param=param)
+        return "".join(texts)
+    raise OpenAIError(f"{where}: content must be a string or a list of text parts", param=param)
+
+
 def _text_content(content: Any, where: str) -> Any:
     if content is None or isinstance(content, str):
         return content

@@ -23,6 +23,7 @@ from ..errors import ConfigError, InferenceServerError, InsufficientMemoryError
 from ..net.http_server import BackgroundUvicorn, BearerAuth, OpenAIError, install_error_handlers, new_api_key
 from ..net.untraced import untraced_fastapi
 from ..redact import register_secret
+from .api_routes import add_api_routes
 from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request, stream_events
 from .tool_calls import parse_tool_calls
 
@@ -349,6 +350,11 @@ def build_app(server: TransformersServer) -> Any:
         if chat.stream:
             return StreamingResponse(stream_events(completion, chat.include_usage), media_type="text/event-stream")
         return completion
+
+    async def complete_chat(body: dict[str, Any]) -> dict[str, Any]:
+        return await server.complete(parse_chat_request(body))
+
+    add_api_routes(app, complete_chat)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:

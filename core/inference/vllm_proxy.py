@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..net.http_server import BearerAuth, OpenAIError, install_error_handlers
 from ..net.untraced import untraced_fastapi
+from .api_routes import add_api_routes
 from .protocol import stream_events
 from .tool_calls import parse_tool_calls
 
@@ -42,6 +43,19 @@ def _error_response(status: int, content: bytes) -> JSONResponse:
     message = body.get("message") if isinstance(body, dict) else content.decode(errors="replace")
     kind = "not_found_error" if status == 404 else "invalid_request_error"
     return JSONResponse(OpenAIError(str(message), status=status, type=kind, code=status).body(), status_code=status)
+
+
+def _error_message(content: bytes) -> str:
+    """The message of vLLM's error body, whichever shape its version wrote."""
+    import json
+
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return content.decode(errors="replace")
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message"))
+    return str(body.get("message") if isinstance(body, dict) else body)
 
 
 def prepare_chat_body(body: dict[str, Any], served_name: str, base_names: set[str]) -> bool:
@@ -108,6 +122,16 @@ def build_proxy(server: ProxiedServer) -> Any:
         if stream:
             return StreamingResponse(stream_events(completion, include_usage), media_type="text/event-stream")
         return completion
+
+    async def complete_chat(body: dict[str, Any]) -> dict[str, Any]:
+        """A chat request the Responses or Messages route translated, through vLLM; its error as ours."""
+        parse = prepare_chat_body(body, server.served_name, base_names | server.aliases)
+        response = await client().post("/v1/chat/completions", json=body)
+        if response.status_code != 200:
+            raise OpenAIError(_error_message(response.content), status=response.status_code)
+        return finish_chat_body(response.json(), parse)
+
+    add_api_routes(app, complete_chat)
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def forward(path: str, request: Request) -> Any:

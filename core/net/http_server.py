@@ -99,21 +99,42 @@ def new_api_key() -> str:
     return key
 
 
-class BearerAuth:
-    """ASGI middleware: every path but ``open_paths`` needs ``Authorization: Bearer <key>``, else 401.
+def presented_key(headers: Any) -> str:
+    """The API key a request presents: ``Authorization: Bearer KEY`` (OpenAI's SDKs) or ``x-api-key: KEY``
+    (Anthropic's SDK); ``""`` when it presents none.  ``headers``: ASGI ``(name, value)`` byte pairs or a mapping."""
+    items = headers.items() if hasattr(headers, "items") else headers
+    bearer = api_key = ""
+    for name, value in items:
+        name = (name.decode("latin-1") if isinstance(name, bytes) else name).lower()
+        value = value.decode("latin-1") if isinstance(value, bytes) else value
+        if name == "authorization" and value[:7].lower() == "bearer ":
+            bearer = value[7:]
+        elif name == "x-api-key":
+            api_key = value
+    return bearer or api_key
 
-    The internal servers listen on loopback, where any local user can connect: without the key
-    one could generate with, or swap, the adapter being trained (``/v1/load_lora_adapter``)."""
+
+def key_matches(headers: Any, key: str) -> bool:
+    """Whether the request presents ``key`` (compared in constant time)."""
+    return hmac.compare_digest(presented_key(headers).encode(), key.encode())
+
+
+class BearerAuth:
+    """ASGI middleware: every path but ``open_paths`` needs the server's key, else 401.
+
+    The key is accepted as ``Authorization: Bearer <key>`` or as ``x-api-key: <key>`` (how the
+    Anthropic SDK sends it).  The internal servers listen on loopback, where any local user can
+    connect: without the key one could generate with, or swap, the adapter being trained
+    (``/v1/load_lora_adapter``)."""
 
     def __init__(self, app: Any, key: str, open_paths: tuple[str, ...] = ("/health",)) -> None:
-        self.app, self.expected, self.open_paths = app, f"Bearer {key}".encode(), open_paths
+        self.app, self.key, self.open_paths = app, key, open_paths
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("path") in self.open_paths or scope.get("method") == "OPTIONS":
             await self.app(scope, receive, send)
             return
-        given = next((bytes(v) for k, v in scope.get("headers") or () if k.lower() == b"authorization"), b"")
-        if hmac.compare_digest(given, self.expected):
+        if key_matches(scope.get("headers") or (), self.key):
             await self.app(scope, receive, send)
             return
         error = OpenAIError("missing or wrong API key for this tracerl inference server", status=401, code="invalid_api_key")

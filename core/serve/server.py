@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import inspect
 import json
 import logging
@@ -31,6 +30,7 @@ from pydantic import BaseModel, Field, ValidationError
 from .. import __version__
 from ..errors import CheckpointError, ConfigError
 from ..model import DEFAULT_BASE_PATH, TrainableModel
+from ..net.http_server import key_matches
 from ..net.untraced import untraced_fastapi
 from ..redact import register_secret
 from ..timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
@@ -164,7 +164,7 @@ def create_app(
 ) -> FastAPI:
     """The ``tracerl serve`` app around ``backend`` (closed when the app shuts down).
 
-    ``token``: when set, every route but ``/tracerl/v1/health`` needs ``Authorization: Bearer <token>``.
+    ``token``: when set, every route but ``/tracerl/v1/health`` needs ``Authorization: Bearer <token>`` (or ``x-api-key``).
     ``max_body_bytes``: larger request bodies are answered 413 before they are read (one caller
     must not make the server buffer gigabytes).
     ``policy``: which base models, LoRA ranks and how many models clients may register (default
@@ -188,9 +188,8 @@ def create_app(
     async def authorize(request: Request) -> None:
         if token is None:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise ServeError(401, "Unauthorized", "missing or wrong bearer token for tracerl serve")
+        if not key_matches(request.headers, token):
+            raise ServeError(401, "Unauthorized", "missing or wrong token for tracerl serve (Authorization: Bearer, or x-api-key)")
 
     app = untraced_fastapi(title="tracerl serve", version=__version__, lifespan=lifespan)
     app.state.tracerl = state
@@ -321,6 +320,14 @@ def create_app(
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _proxy(state, request, "/completions")
+
+    @router.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await _proxy(state, request, "/responses")
+
+    @router.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await _proxy(state, request, "/messages")
 
     app.include_router(public)
     app.include_router(router)

@@ -1,0 +1,146 @@
+"""Responses-API and Messages-API calls in chat-completions shape, for the capture hooks.
+
+A call on OpenAI's Responses API or Anthropic's Messages API is recorded exactly as a chat
+completion is (one model-call span, one record, the same trajectory), so its hook only turns the
+request into chat keyword arguments and the answer into a chat completion.  The conversions are
+the ones tracerl's servers use to answer those APIs (:mod:`tracerl.inference.responses_api`,
+:mod:`tracerl.inference.messages_api`), so a conversation reads the same on both sides.  A
+tracerl endpoint's answer carries the sampled ``prompt_token_ids``, ``token_ids`` and
+``token_logprobs``; they become the completion's token fields.
+
+Requests to other providers may use what tracerl's servers refuse (hosted tools, reasoning,
+images): only the conversation and the function tools are read here, and a shape that cannot
+be read raises :class:`~tracerl.net.http_server.OpenAIError` for the hook to count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracerl.inference import messages_api, responses_api
+
+from .completions import extra_field, field
+from .messages import to_plain
+
+_STORED = responses_api.ResponseStore()
+"""Conversations behind the response ids this process saw (``previous_response_id``)."""
+_CALL_TEXTS = messages_api.CallTexts()
+"""Stays empty on the client side: a ``tool_use`` block's arguments are read as canonical JSON."""
+
+
+def _given(value: Any) -> bool:
+    return value is not None and type(value).__name__ not in ("Omit", "NotGiven")
+
+
+def _token_fields(answer: Any, choice: dict[str, Any], completion: dict[str, Any]) -> None:
+    ids, prompt_ids, logprobs = (extra_field(answer, name) for name in ("token_ids", "prompt_token_ids", "token_logprobs"))
+    if ids is not None:
+        choice["token_ids"] = list(ids)
+    if prompt_ids is not None:
+        completion["prompt_token_ids"] = list(prompt_ids)
+    if logprobs is not None:
+        choice["logprobs"] = {"content": [{"logprob": float(value)} for value in logprobs]}
+
+
+# -- OpenAI Responses ------------------------------------------------------------------------------------------
+def responses_request(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Chat keyword arguments for ``responses.create(**kwargs)``: the whole conversation it continues."""
+    messages: list[dict[str, Any]] = []
+    previous = kwargs.get("previous_response_id")
+    if _given(previous):
+        try:
+            messages = [m for m in _STORED.get(str(previous)) if m["role"] != "system"]
+        except Exception:  # noqa: BLE001 - a conversation this process did not see: its new part is what we have
+            messages = []
+    instructions = kwargs.get("instructions")
+    if _given(instructions) and isinstance(instructions, str):
+        messages.insert(0, {"role": "system", "content": instructions})
+    items = kwargs.get("input")
+    if _given(items):
+        messages += responses_api.input_messages(items if isinstance(items, str) else [to_plain(item) for item in items])
+    chat: dict[str, Any] = {"model": kwargs.get("model"), "messages": messages}
+    tools = kwargs.get("tools")
+    if _given(tools) and tools:
+        functions = [to_plain(tool) for tool in tools if field(tool, "type") == "function"]
+        chat["tools"] = responses_api.chat_tools(functions)[0]
+    for key in ("temperature", "stream"):
+        if _given(kwargs.get(key)):
+            chat[key] = kwargs[key]
+    return chat
+
+
+def responses_completion(response: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """A finished ``Response`` (SDK object or dict) as a chat completion; its conversation is remembered."""
+    texts, calls = [], []
+    for item in field(response, "output") or ():
+        kind = field(item, "type")
+        if kind == "message":
+            texts += [field(part, "text") or "" for part in field(item, "content") or () if field(part, "type") == "output_text"]
+        elif kind == "function_call":
+            function = {"name": field(item, "name"), "arguments": field(item, "arguments")}
+            calls.append({"id": field(item, "call_id"), "type": "function", "function": function})
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        message["tool_calls"] = calls
+    status = field(response, "status")
+    finish = "tool_calls" if calls else ("length" if status == "incomplete" else "stop")
+    usage = field(response, "usage")
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+    completion: dict[str, Any] = {
+        "id": field(response, "id"), "model": field(response, "model"), "choices": [choice],
+        "usage": {"prompt_tokens": field(usage, "input_tokens"), "completion_tokens": field(usage, "output_tokens")},
+    }  # fmt: skip
+    _token_fields(response, choice, completion)
+    if completion["id"]:
+        _STORED.put(str(completion["id"]), [*request["messages"], message])
+    return completion
+
+
+# -- Anthropic Messages ----------------------------------------------------------------------------------------
+def messages_request(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Chat keyword arguments for ``messages.create(**kwargs)``."""
+    chat_messages: list[dict[str, Any]] = []
+    system = kwargs.get("system")
+    if _given(system):
+        chat_messages.append({"role": "system", "content": system if isinstance(system, str) else
+                              "".join(field(block, "text") or "" for block in system)})  # fmt: skip
+    for index, message in enumerate(kwargs.get("messages") or ()):
+        chat_messages += messages_api.chat_messages(to_plain(message), f"messages[{index}]", _CALL_TEXTS)
+    chat: dict[str, Any] = {"model": kwargs.get("model"), "messages": chat_messages}
+    tools = kwargs.get("tools")
+    if _given(tools) and tools:
+        client_tools = [to_plain(tool) for tool in tools if field(tool, "type") in (None, "custom") and field(tool, "name")]
+        chat["tools"] = messages_api.chat_tools(client_tools)
+    for key in ("temperature", "stream"):
+        if _given(kwargs.get(key)):
+            chat[key] = kwargs[key]
+    return chat
+
+
+def messages_completion(message: Any) -> dict[str, Any]:
+    """A finished Anthropic ``Message`` (SDK object or dict) as a chat completion.
+
+    A ``tool_use`` block carries its arguments as an object: they are written as canonical JSON
+    here (the sampled token ids, not this text, are what trains)."""
+    texts, calls = [], []
+    for block in field(message, "content") or ():
+        kind = field(block, "type")
+        if kind == "text":
+            texts.append(field(block, "text") or "")
+        elif kind == "tool_use":
+            call_id, tool_input = field(block, "id"), to_plain(field(block, "input"))
+            arguments = _CALL_TEXTS.arguments(str(call_id), tool_input)
+            calls.append({"id": call_id, "type": "function", "function": {"name": field(block, "name"), "arguments": arguments}})
+    answer: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        answer["tool_calls"] = calls
+    reason = field(message, "stop_reason")
+    finish = {"tool_use": "tool_calls", "max_tokens": "length"}.get(str(reason), "stop")
+    usage = field(message, "usage")
+    choice: dict[str, Any] = {"index": 0, "message": answer, "finish_reason": finish}
+    completion: dict[str, Any] = {
+        "id": field(message, "id"), "model": field(message, "model"), "choices": [choice],
+        "usage": {"prompt_tokens": field(usage, "input_tokens"), "completion_tokens": field(usage, "output_tokens")},
+    }  # fmt: skip
+    _token_fields(message, choice, completion)
+    return completion

@@ -1,0 +1,162 @@
+"""Agents on OpenAI's Responses API and Anthropic's Messages API become trajectories, with the real model.
+
+Inside ``tracerl.rollout`` the vendors' own SDKs call tracerl's endpoint unchanged
+(``responses.create``, ``responses.stream``, ``messages.create``, ``messages.stream``, each with
+a tool); each sampled turn of the trajectory carries exactly the token ids and logprobs the
+server sampled for that call (read from the server's own answers, never re-tokenised), the
+conversation and the tools are there, and one GRPO step trains on them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tracerl
+
+pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="module")]
+anthropic = pytest.importorskip("anthropic")
+pytest.importorskip("torch")
+
+SYSTEM = "You are a calculator. Always answer by calling the add tool."
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
+FEW_SHOT = [(2, 3), (7, 8)]
+
+
+@pytest.fixture(scope="module")
+async def served(tmp_path_factory):
+    """A trainable model on a LocalBackend (transformers server); every answer the server gives, recorded."""
+    model = tracerl.TrainableModel("capture-apis", "tests", "smollm2-135m", base_path=tmp_path_factory.mktemp("runs"))
+    backend = tracerl.LocalBackend(inference="transformers")
+    await model.register(backend)
+    server = backend._models[model.name].server
+    answers: list[dict[str, Any]] = []
+    original = server.complete
+
+    async def recording_complete(request: Any) -> dict[str, Any]:
+        answer = await original(request)
+        answers.append(answer)
+        return answer
+
+    server.complete = recording_complete  # the server's own answers, to hold the capture against
+    yield model, backend, answers
+    await backend.close()
+
+
+def responses_input(a: int, b: int) -> list[dict]:
+    items: list[dict] = []
+    for i, (x, y) in enumerate(FEW_SHOT):
+        items += [{"role": "user", "content": f"Add {x} and {y}."},
+                  {"type": "function_call", "call_id": f"call_{i}", "name": "add", "arguments": f'{{"a": {x}, "b": {y}}}'}]  # fmt: skip
+    return items + [{"role": "user", "content": f"Add {a} and {b}."}]
+
+
+def anthropic_messages(a: int, b: int) -> list[dict]:
+    messages: list[dict] = []
+    for i, (x, y) in enumerate(FEW_SHOT):
+        messages += [{"role": "user", "content": f"Add {x} and {y}."},
+                     {"role": "assistant", "content": [{"type": "tool_use", "id": f"call_{i}", "name": "add", "input": {"a": x, "b": y}}]}]
+    return messages + [{"role": "user", "content": f"Add {a} and {b}."}]
+
+
+async def responses_agent(model, a: int, b: int, *, stream: bool) -> float:
+    """An agent on the Responses API: call the tool it asks for, give the result back by previous_response_id."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=model.inference_base_url, api_key=model.inference_api_key, max_retries=0)
+    tools = [{"type": "function", "name": "add", "description": "Add two integers.", "parameters": SCHEMA}]
+    settings = {"model": model.get_inference_name(), "instructions": SYSTEM, "tools": tools, "max_output_tokens": 40, "temperature": 1.0}
+    if stream:
+        response = None
+        async with client.responses.stream(input=responses_input(a, b), **settings) as events:
+            async for event in events:
+                if event.type in ("response.completed", "response.incomplete"):  # a cut answer ends "incomplete"
+                    response = event.response
+        assert response is not None
+    else:
+        response = await client.responses.create(input=responses_input(a, b), **settings)
+    calls = [item for item in response.output if item.type == "function_call"]
+    if not calls:
+        return 0.0
+    arguments = json.loads(calls[0].arguments)
+    result = str(int(arguments.get("a", 0)) + int(arguments.get("b", 0)))
+    await client.responses.create(previous_response_id=response.id, input=[
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": result}], **{**settings, "max_output_tokens": 8})  # fmt: skip
+    return float(arguments == {"a": a, "b": b})
+
+
+async def anthropic_agent(model, a: int, b: int, *, stream: bool) -> float:
+    """An agent on the Messages API: call the tool it asks for, give the result back in the conversation."""
+    client = anthropic.AsyncAnthropic(base_url=model.inference_base_url.removesuffix("/v1"), api_key=model.inference_api_key, max_retries=0)
+    settings = {"model": model.get_inference_name(), "system": SYSTEM, "max_tokens": 40,
+                "tools": [{"name": "add", "description": "Add two integers.", "input_schema": SCHEMA}]}  # fmt: skip
+    messages = anthropic_messages(a, b)
+    if stream:
+        async with client.messages.stream(messages=messages, **settings) as events:
+            message = await events.get_final_message()
+    else:
+        message = await client.messages.create(messages=messages, **settings)
+    uses = [block for block in message.content if block.type == "tool_use"]
+    if not uses:
+        return 0.0
+    result = str(int(uses[0].input.get("a", 0)) + int(uses[0].input.get("b", 0)))
+    follow = [*messages, {"role": "assistant", "content": [block.model_dump() for block in message.content]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": result}]}]  # fmt: skip
+    await client.messages.create(messages=follow, **{**settings, "max_tokens": 8})
+    return float(uses[0].input == {"a": a, "b": b})
+
+
+AGENTS = {
+    "responses.create": lambda model, a, b: responses_agent(model, a, b, stream=False),
+    "responses.stream": lambda model, a, b: responses_agent(model, a, b, stream=True),
+    "messages.create": lambda model, a, b: anthropic_agent(model, a, b, stream=False),
+    "messages.stream": lambda model, a, b: anthropic_agent(model, a, b, stream=True),
+}
+
+
+@pytest.fixture(scope="module")
+async def captured(served):
+    model, _, answers = served
+    groups = {}
+    for name, agent in AGENTS.items():
+        first = len(answers)
+        group = await tracerl.gather_trajectory_groups(
+            [tracerl.trajectory_group((agent(model, 4, 6) for _ in range(2)), model=model, task=f"{name}: 4 + 6")],
+            pbar_desc=None, max_exceptions=0,
+        )  # fmt: skip
+        groups[name] = (group[0], answers[first:])
+    return groups
+
+
+@pytest.mark.parametrize("client", list(AGENTS))
+async def test_each_client_yields_trajectories_with_the_sampled_tokens(captured, client):
+    group, answers = captured[client]
+    sampled: dict[tuple, list[list[float]]] = {}  # two calls may sample the same ids (batched: logprobs differ in the last bits)
+    for answer in answers:
+        choice = answer["choices"][0]
+        key = (tuple(answer["prompt_token_ids"]), tuple(choice["token_ids"]))
+        sampled.setdefault(key, []).append([entry["logprob"] for entry in choice["logprobs"]["content"]])
+    turns = 0
+    for trajectory in group.trajectories:
+        assert trajectory.messages_and_choices[0] == {"role": "system", "content": SYSTEM}
+        assert [tool["function"]["name"] for tool in trajectory.tools] == ["add"]
+        assert trajectory.metrics["capture_turns_without_token_ids"] == 0
+        for choice in trajectory.sampled_turns():
+            # what the engine sampled for one of its calls, id for id and logprob for logprob
+            assert choice.logprobs in sampled[(tuple(choice.prompt_token_ids), tuple(choice.token_ids))]
+            turns += 1
+    assert turns == len(answers)  # every call the server answered is in exactly one trajectory
+
+
+async def test_one_training_step_on_the_captured_trajectories(served, captured):
+    model, backend, _ = served
+    groups = [group for group, _ in captured.values()]
+    for group in groups:  # GRPO needs variance within a group, whatever the small model scored
+        for i, trajectory in enumerate(group.trajectories):
+            trajectory.reward = float(i % 2)
+    result = await backend.train(model, groups, learning_rate=1e-5)
+    assert result.step == 1 and Path(result.checkpoint_path).exists()
+    assert result.metrics.get("trained_tokens", 0) > 0 and result.metrics.get("num_groups_trainable", 0) == len(groups)
