@@ -2,7 +2,8 @@
 
 Inside ``tracerl.rollout`` the vendors' own SDKs call tracerl's endpoint unchanged
 (``responses.create``, ``responses.stream``, ``messages.create``, ``messages.stream``, each with
-a tool); each sampled turn of the trajectory carries exactly the token ids and logprobs the
+a tool, and the OpenAI Agents SDK's ``Runner.run`` with a function tool on its default Responses
+model class); each sampled turn of the trajectory carries exactly the token ids and logprobs the
 server sampled for that call (read from the server's own answers, never re-tokenised), the
 conversation and the tools are there, and one GRPO step trains on them.
 """
@@ -10,6 +11,7 @@ conversation and the tools are there, and one GRPO step trains on them.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,9 @@ import tracerl
 
 pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="module")]
 anthropic = pytest.importorskip("anthropic")
+agents = pytest.importorskip("agents")  # the OpenAI Agents SDK (openai-agents)
 pytest.importorskip("torch")
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # offline: it would export its own traces to OpenAI
 
 SYSTEM = "You are a calculator. Always answer by calling the add tool."
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
@@ -109,7 +113,30 @@ async def anthropic_agent(model, a: int, b: int, *, stream: bool) -> float:
     return float(uses[0].input == {"a": a, "b": b})
 
 
+async def agents_sdk_agent(model, a: int, b: int) -> float:
+    """An OpenAI Agents SDK agent with a function tool, on the SDK's default (Responses) model class."""
+    from openai import AsyncOpenAI
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    client = AsyncOpenAI(base_url=model.inference_base_url, api_key=model.inference_api_key, max_retries=0)
+    agent = agents.Agent(
+        name="calculator", instructions=SYSTEM, tools=[add],
+        model=agents.OpenAIResponsesModel(model=model.get_inference_name(), openai_client=client),
+        model_settings=agents.ModelSettings(max_tokens=60, temperature=1.0),
+    )  # fmt: skip
+    try:
+        result = await agents.Runner.run(agent, f"Add {a} and {b}.", max_turns=3)
+    except agents.exceptions.AgentsException:  # the untrained model may ramble past its budget or its turns
+        return 0.0
+    return float(str(a + b) in str(result.final_output))
+
+
 AGENTS = {
+    "agents.Runner.run": agents_sdk_agent,
     "responses.create": lambda model, a, b: responses_agent(model, a, b, stream=False),
     "responses.stream": lambda model, a, b: responses_agent(model, a, b, stream=True),
     "messages.create": lambda model, a, b: anthropic_agent(model, a, b, stream=False),
