@@ -32,7 +32,18 @@ def _given(value: Any) -> bool:
     return value is not None and type(value).__name__ not in ("Omit", "NotGiven")
 
 
-def _token_fields(answer: Any, choice: dict[str, Any], completion: dict[str, Any]) -> None:
+def _completion(answer: Any, texts: list[str], calls: list[dict[str, Any]], finish: str) -> dict[str, Any]:
+    """The chat completion of one answer (a ``Response`` or a ``Message``, SDK object or dict): its text,
+    its tool calls, usage, and the token fields a tracerl endpoint adds."""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        message["tool_calls"] = calls
+    usage = field(answer, "usage")
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+    completion: dict[str, Any] = {
+        "id": field(answer, "id"), "model": field(answer, "model"), "choices": [choice],
+        "usage": {"prompt_tokens": field(usage, "input_tokens"), "completion_tokens": field(usage, "output_tokens")},
+    }  # fmt: skip
     ids, prompt_ids, logprobs = (extra_field(answer, name) for name in ("token_ids", "prompt_token_ids", "token_logprobs"))
     if ids is not None:
         choice["token_ids"] = list(ids)
@@ -40,6 +51,7 @@ def _token_fields(answer: Any, choice: dict[str, Any], completion: dict[str, Any
         completion["prompt_token_ids"] = list(prompt_ids)
     if logprobs is not None:
         choice["logprobs"] = {"content": [{"logprob": float(value)} for value in logprobs]}
+    return completion
 
 
 # -- OpenAI Responses ------------------------------------------------------------------------------------------
@@ -79,20 +91,10 @@ def responses_completion(response: Any, request: dict[str, Any]) -> dict[str, An
         elif kind == "function_call":
             function = {"name": field(item, "name"), "arguments": field(item, "arguments")}
             calls.append({"id": field(item, "call_id"), "type": "function", "function": function})
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
-    if calls:
-        message["tool_calls"] = calls
-    status = field(response, "status")
-    finish = "tool_calls" if calls else ("length" if status == "incomplete" else "stop")
-    usage = field(response, "usage")
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
-    completion: dict[str, Any] = {
-        "id": field(response, "id"), "model": field(response, "model"), "choices": [choice],
-        "usage": {"prompt_tokens": field(usage, "input_tokens"), "completion_tokens": field(usage, "output_tokens")},
-    }  # fmt: skip
-    _token_fields(response, choice, completion)
+    finish = "tool_calls" if calls else ("length" if field(response, "status") == "incomplete" else "stop")
+    completion = _completion(response, texts, calls, finish)
     if completion["id"]:
-        _STORED.put(str(completion["id"]), [*request["messages"], message])
+        _STORED.put(str(completion["id"]), [*request["messages"], completion["choices"][0]["message"]])
     return completion
 
 
@@ -131,16 +133,5 @@ def messages_completion(message: Any) -> dict[str, Any]:
             call_id, tool_input = field(block, "id"), to_plain(field(block, "input"))
             arguments = _CALL_TEXTS.arguments(str(call_id), tool_input)
             calls.append({"id": call_id, "type": "function", "function": {"name": field(block, "name"), "arguments": arguments}})
-    answer: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
-    if calls:
-        answer["tool_calls"] = calls
-    reason = field(message, "stop_reason")
-    finish = {"tool_use": "tool_calls", "max_tokens": "length"}.get(str(reason), "stop")
-    usage = field(message, "usage")
-    choice: dict[str, Any] = {"index": 0, "message": answer, "finish_reason": finish}
-    completion: dict[str, Any] = {
-        "id": field(message, "id"), "model": field(message, "model"), "choices": [choice],
-        "usage": {"prompt_tokens": field(usage, "input_tokens"), "completion_tokens": field(usage, "output_tokens")},
-    }  # fmt: skip
-    _token_fields(message, choice, completion)
-    return completion
+    finish = {"tool_use": "tool_calls", "max_tokens": "length"}.get(str(field(message, "stop_reason")), "stop")
+    return _completion(message, texts, calls, finish)

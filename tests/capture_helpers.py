@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 
 if TYPE_CHECKING:  # imported lazily: openinference_agent.py uses these helpers without tracerl
     import tracerl
@@ -133,3 +133,27 @@ def parallel_branches_graph(llm: Any) -> Any:
         graph.add_edge(node, END)
     return graph.compile()
 
+
+@asynccontextmanager
+async def served_and_recorded(name: str, base_path: Any) -> AsyncIterator[tuple[Any, Any, list[dict[str, Any]]]]:
+    """A trainable SmolLM2 model on a LocalBackend (transformers server), and every answer the
+    server gives, recorded as it sent it: what a capture test holds the trajectories against."""
+    import tracerl
+
+    model = tracerl.TrainableModel(name, "tests", "smollm2-135m", base_path=base_path)
+    backend = tracerl.LocalBackend(inference="transformers")
+    await model.register(backend)
+    server = backend._models[model.name].server
+    answers: list[dict[str, Any]] = []
+    original = server.complete
+
+    async def recording_complete(request: Any) -> dict[str, Any]:
+        answer = await original(request)
+        answers.append(answer)
+        return answer
+
+    server.complete = recording_complete
+    try:
+        yield model, backend, answers
+    finally:
+        await backend.close()

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import tracerl
+from capture_helpers import served_and_recorded
 
 pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="module")]
 anthropic = pytest.importorskip("anthropic")
@@ -33,21 +33,8 @@ FEW_SHOT = [(2, 3), (7, 8)]
 @pytest.fixture(scope="module")
 async def served(tmp_path_factory):
     """A trainable model on a LocalBackend (transformers server); every answer the server gives, recorded."""
-    model = tracerl.TrainableModel("capture-apis", "tests", "smollm2-135m", base_path=tmp_path_factory.mktemp("runs"))
-    backend = tracerl.LocalBackend(inference="transformers")
-    await model.register(backend)
-    server = backend._models[model.name].server
-    answers: list[dict[str, Any]] = []
-    original = server.complete
-
-    async def recording_complete(request: Any) -> dict[str, Any]:
-        answer = await original(request)
-        answers.append(answer)
-        return answer
-
-    server.complete = recording_complete  # the server's own answers, to hold the capture against
-    yield model, backend, answers
-    await backend.close()
+    async with served_and_recorded("capture-apis", tmp_path_factory.mktemp("runs")) as served:
+        yield served
 
 
 def responses_input(a: int, b: int) -> list[dict]:

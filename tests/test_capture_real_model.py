@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import tracerl
+from capture_helpers import served_and_recorded
 import tracerl.integrations as ti
 
 pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="session")]
@@ -29,22 +30,9 @@ import langgraph_agent  # noqa: E402
 
 @pytest.fixture(scope="module")
 async def served(tmp_path_factory):
-    """A trainable model registered with a LocalBackend (transformers server), responses recorded."""
-    model = tracerl.TrainableModel("capture-react", "tests", "smollm2-135m", base_path=tmp_path_factory.mktemp("runs"))
-    backend = tracerl.LocalBackend(inference="transformers")
-    await model.register(backend)
-    server = backend._models[model.name].server
-    responses: list[dict[str, Any]] = []
-    original = server.complete
-
-    async def recording_complete(request: Any) -> dict[str, Any]:
-        response = await original(request)
-        responses.append(response)
-        return response
-
-    server.complete = recording_complete  # the server's own answer, to check the capture against
-    yield model, backend, responses
-    await backend.close()
+    """A trainable model on a LocalBackend (transformers server); every answer the server gives, recorded."""
+    async with served_and_recorded("capture-react", tmp_path_factory.mktemp("runs")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
