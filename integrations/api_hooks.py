@@ -15,6 +15,7 @@ failed call inside a rollout is an infrastructure failure as for chat completion
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -75,8 +76,6 @@ class MessageEvents(_FinalAnswer):
         self._json: dict[int, list[str]] = {}
 
     def add(self, event: Any) -> None:
-        import json
-
         kind = getattr(event, "type", None)
         if kind == "message_start":
             self._message = {**event.message.model_dump(), "content": []}

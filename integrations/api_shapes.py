@@ -21,15 +21,12 @@ from tracerl.inference import messages_api, responses_api
 
 from .completions import extra_field, field
 from .messages import to_plain
+from .spans import given
 
 _STORED = responses_api.ResponseStore()
 """Conversations behind the response ids this process saw (``previous_response_id``)."""
 _CALL_TEXTS = messages_api.CallTexts()
 """Stays empty on the client side: a ``tool_use`` block's arguments are read as canonical JSON."""
-
-
-def _given(value: Any) -> bool:
-    return value is not None and type(value).__name__ not in ("Omit", "NotGiven")
 
 
 def _completion(answer: Any, texts: list[str], calls: list[dict[str, Any]], finish: str) -> dict[str, Any]:
@@ -59,24 +56,24 @@ def responses_request(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Chat keyword arguments for ``responses.create(**kwargs)``: the whole conversation it continues."""
     messages: list[dict[str, Any]] = []
     previous = kwargs.get("previous_response_id")
-    if _given(previous):
+    if given(previous):
         try:
             messages = [m for m in _STORED.get(str(previous)) if m["role"] != "system"]
         except Exception:  # noqa: BLE001 - a conversation this process did not see: its new part is what we have
             messages = []
     instructions = kwargs.get("instructions")
-    if _given(instructions) and isinstance(instructions, str):
+    if given(instructions) and isinstance(instructions, str):
         messages.insert(0, {"role": "system", "content": instructions})
     items = kwargs.get("input")
-    if _given(items):
+    if given(items):
         messages += responses_api.input_messages(items if isinstance(items, str) else [to_plain(item) for item in items])
     chat: dict[str, Any] = {"model": kwargs.get("model"), "messages": messages}
     tools = kwargs.get("tools")
-    if _given(tools) and tools:
+    if given(tools) and tools:
         functions = [to_plain(tool) for tool in tools if field(tool, "type") == "function"]
         chat["tools"] = responses_api.chat_tools(functions)[0]
     for key in ("temperature", "stream"):
-        if _given(kwargs.get(key)):
+        if given(kwargs.get(key)):
             chat[key] = kwargs[key]
     return chat
 
@@ -103,18 +100,18 @@ def messages_request(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Chat keyword arguments for ``messages.create(**kwargs)``."""
     chat_messages: list[dict[str, Any]] = []
     system = kwargs.get("system")
-    if _given(system):
+    if given(system):
         chat_messages.append({"role": "system", "content": system if isinstance(system, str) else
                               "".join(field(block, "text") or "" for block in system)})  # fmt: skip
     for index, message in enumerate(kwargs.get("messages") or ()):
         chat_messages += messages_api.chat_messages(to_plain(message), f"messages[{index}]", _CALL_TEXTS)
     chat: dict[str, Any] = {"model": kwargs.get("model"), "messages": chat_messages}
     tools = kwargs.get("tools")
-    if _given(tools) and tools:
+    if given(tools) and tools:
         client_tools = [to_plain(tool) for tool in tools if field(tool, "type") in (None, "custom") and field(tool, "name")]
         chat["tools"] = messages_api.chat_tools(client_tools)
     for key in ("temperature", "stream"):
-        if _given(kwargs.get(key)):
+        if given(kwargs.get(key)):
             chat[key] = kwargs[key]
     return chat
 

@@ -75,7 +75,8 @@ def _url_text(url: Any) -> str:
     return text
 
 
-def _given(value: Any) -> bool:
+def given(value: Any) -> bool:
+    """An argument the caller passed (not None, not the SDK's ``omit`` / ``NOT_GIVEN`` sentinels)."""
     return value is not None and type(value).__name__ not in ("Omit", "NotGiven")
 
 
@@ -138,13 +139,13 @@ def _start_span(
         sc.INPUT_MESSAGES: inputs if getattr(tracer, "structured_attributes", False) else json_text(inputs),
         **delta_attributes(base),
     }
-    if _given(model):
+    if given(model):
         attributes[sc.REQUEST_MODEL] = str(model)
     tools = kwargs.get("tools")
-    if _given(tools) and tools:
+    if given(tools) and tools:
         attributes[sc.TOOL_DEFINITIONS] = _tool_definitions_json(tools)
     temperature = kwargs.get("temperature")
-    if _given(temperature) and isinstance(temperature, (int, float)):
+    if given(temperature) and isinstance(temperature, (int, float)):
         attributes[sc.REQUEST_TEMPERATURE] = float(temperature)
     if base_url is not None:
         attributes[sc.SERVER_ADDRESS] = _url_text(base_url)
@@ -181,8 +182,8 @@ def _describe_call(
         span_id,
         start_ns,
         end_ns,
-        request_model=str(model) if _given(model) else None,
-        tool_definitions=_tool_definitions_json(tools) if _given(tools) and tools else None,
+        request_model=str(model) if given(model) else None,
+        tool_definitions=_tool_definitions_json(tools) if given(tools) and tools else None,
         completion=args[0],
     )
 

@@ -18,6 +18,7 @@ not is answered as text (the agent sees what the model wrote, nothing is invente
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -155,7 +156,8 @@ def _check_unsupported(body: dict[str, Any]) -> None:
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise OpenAIError(f"unsupported field(s) for /v1/responses: {', '.join(unknown)}", param=unknown[0])
-    text_format = ((body.get("text") or {}).get("format") or {}).get("type", "text") if isinstance(body.get("text"), dict) else "text"
+    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    text_format = (text.get("format") or {}).get("type", "text")
     if text_format != "text":
         raise OpenAIError(f"text.format {text_format!r} is not supported here (plain text only)", param="text.format")
     reasoning = body.get("reasoning")
@@ -280,7 +282,7 @@ def response_from_chat(completion: dict[str, Any], turn: Turn, store: ResponseSt
 
 def response_events(response: dict[str, Any]) -> Iterator[str]:
     """A finished ``response`` as the Responses API's server-sent events, in its order."""
-    sequence = iter(range(1 << 30))
+    sequence = itertools.count()
 
     def event(kind: str, **data: Any) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': next(sequence), **data})}\n\n"

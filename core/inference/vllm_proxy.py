@@ -27,35 +27,28 @@ class ProxiedServer(Protocol):
     """Further names of the base model, added while the server runs (merged policies)."""
 
 
+def _vllm_error(content: bytes) -> tuple[dict[str, Any] | None, str]:
+    """vLLM's error body: (its OpenAI-shaped ``{"error": {...}}`` when it wrote one, else None; its message)."""
+    import json
+
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return None, content.decode(errors="replace")
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return body, str(body["error"].get("message"))
+    return None, str(body.get("message") if isinstance(body, dict) else body)
+
+
 def _error_response(status: int, content: bytes) -> JSONResponse:
     """vLLM's error, in OpenAI's shape whatever vLLM's version wrote."""
-    import json
-
-    try:
-        body = json.loads(content)
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        error = body["error"]
-        error.setdefault("param", None)
-        error.setdefault("code", status)
+    body, message = _vllm_error(content)
+    if body is not None:
+        body["error"].setdefault("param", None)
+        body["error"].setdefault("code", status)
         return JSONResponse(body, status_code=status)
-    message = body.get("message") if isinstance(body, dict) else content.decode(errors="replace")
     kind = "not_found_error" if status == 404 else "invalid_request_error"
-    return JSONResponse(OpenAIError(str(message), status=status, type=kind, code=status).body(), status_code=status)
-
-
-def _error_message(content: bytes) -> str:
-    """The message of vLLM's error body, whichever shape its version wrote."""
-    import json
-
-    try:
-        body = json.loads(content)
-    except ValueError:
-        return content.decode(errors="replace")
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message"))
-    return str(body.get("message") if isinstance(body, dict) else body)
+    return JSONResponse(OpenAIError(message, status=status, type=kind, code=status).body(), status_code=status)
 
 
 def prepare_chat_body(body: dict[str, Any], served_name: str, base_names: set[str]) -> bool:
@@ -128,7 +121,7 @@ def build_proxy(server: ProxiedServer) -> Any:
         parse = prepare_chat_body(body, server.served_name, base_names | server.aliases)
         response = await client().post("/v1/chat/completions", json=body)
         if response.status_code != 200:
-            raise OpenAIError(_error_message(response.content), status=response.status_code)
+            raise OpenAIError(_vllm_error(response.content)[1], status=response.status_code)
         return finish_chat_body(response.json(), parse)
 
     add_api_routes(app, complete_chat)

@@ -313,21 +313,12 @@ def create_app(
             data += response.json().get("data", [])
         return {"object": "list", "data": data}
 
-    @router.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await _proxy(state, request, "/chat/completions")
+    for route in ("/chat/completions", "/completions", "/responses", "/messages"):  # OpenAI's, and Anthropic's Messages
 
-    @router.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await _proxy(state, request, "/completions")
+        async def proxied(request: Request, route: str = route) -> Response:
+            return await _proxy(state, request, route)
 
-    @router.post("/v1/responses")
-    async def responses(request: Request) -> Response:
-        return await _proxy(state, request, "/responses")
-
-    @router.post("/v1/messages")
-    async def messages(request: Request) -> Response:
-        return await _proxy(state, request, "/messages")
+        router.add_api_route(f"/v1{route}", proxied, methods=["POST"], name=route.strip("/").replace("/", "_"))
 
     app.include_router(public)
     app.include_router(router)
