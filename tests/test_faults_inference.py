@@ -251,3 +251,31 @@ def test_what_counts_as_infrastructure():
     wrapped.__cause__ = httpx.ReadTimeout("slow")
     assert classify(wrapped) == "timeout"  # explicit causes are followed
     assert classify(ExceptionGroup("g", [ValueError(), ConnectionRefusedError()])) == "connection"
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_a_refused_call_on_the_responses_or_messages_api_fails_the_rollout(api):
+    """The Responses and Messages hooks note failures as the chat hook does: a call to a server that is
+    not there, swallowed by the agent, is an exception of the group, not a trajectory."""
+    anthropic = pytest.importorskip("anthropic")
+    from tracerl.net.http_server import free_port
+
+    root = f"http://127.0.0.1:{free_port()}"  # nothing listens: the connection is refused
+    model = tracerl.Model("policy", "tests", inference_base_url=root + "/v1", inference_model_name="m")
+
+    async def agent(model: tracerl.Model) -> str:
+        try:
+            if api == "responses":
+                await openai.AsyncOpenAI(base_url=root + "/v1", api_key="k", max_retries=0).responses.create(model="m", input="hi")
+            else:
+                await anthropic.AsyncAnthropic(base_url=root, api_key="k", max_retries=0).messages.create(
+                    model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+        except Exception:  # noqa: BLE001 - the agent swallows it
+            return "sorry, something went wrong"
+        return "ok"
+
+    group, metrics = await gather(attempt(model, agent=agent))
+    assert group.trajectories == []
+    [record] = group.exceptions
+    assert record.type == "InferenceServerError" and "APIConnectionError" in record.traceback
+    assert metrics["infrastructure_exceptions"] == 1
