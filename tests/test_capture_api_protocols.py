@@ -53,6 +53,14 @@ def anthropic_messages(a: int, b: int) -> list[dict]:
     return messages + [{"role": "user", "content": f"Add {a} and {b}."}]
 
 
+def run_add(arguments: object) -> str:
+    """The tool, as an agent runs it: a sampled call with bad arguments (a list, a word) gets an error back, not a crash."""
+    try:
+        return str(int(arguments["a"]) + int(arguments["b"]))  # type: ignore[index]
+    except (KeyError, TypeError, ValueError) as error:
+        return f"error: add needs integers a and b ({error})"
+
+
 async def responses_agent(model, a: int, b: int, *, stream: bool) -> float:
     """An agent on the Responses API: call the tool it asks for, give the result back by previous_response_id."""
     from openai import AsyncOpenAI
@@ -72,8 +80,11 @@ async def responses_agent(model, a: int, b: int, *, stream: bool) -> float:
     calls = [item for item in response.output if item.type == "function_call"]
     if not calls:
         return 0.0
-    arguments = json.loads(calls[0].arguments)
-    result = str(int(arguments.get("a", 0)) + int(arguments.get("b", 0)))
+    try:
+        arguments = json.loads(calls[0].arguments)
+    except json.JSONDecodeError:
+        arguments = calls[0].arguments
+    result = run_add(arguments)
     await client.responses.create(previous_response_id=response.id, input=[
         {"type": "function_call_output", "call_id": calls[0].call_id, "output": result}], **{**settings, "max_output_tokens": 8})  # fmt: skip
     return float(arguments == {"a": a, "b": b})
@@ -93,7 +104,7 @@ async def anthropic_agent(model, a: int, b: int, *, stream: bool) -> float:
     uses = [block for block in message.content if block.type == "tool_use"]
     if not uses:
         return 0.0
-    result = str(int(uses[0].input.get("a", 0)) + int(uses[0].input.get("b", 0)))
+    result = run_add(uses[0].input)
     follow = [*messages, {"role": "assistant", "content": [block.model_dump() for block in message.content]},
               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": result}]}]  # fmt: skip
     await client.messages.create(messages=follow, **{**settings, "max_tokens": 8})
