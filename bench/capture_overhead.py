@@ -3,14 +3,14 @@
     python bench/capture_overhead.py [--calls 400] [--stream] [--turns] [--rollout-calls 10] [--json PATH]
 
 Rows: the plain ``openai`` client (no instrumentation); tracerl's capture (OpenAI hook,
-calls inside rollouts of 10 calls; inside a rollout a call only records references and
-the real spans are made in one batch when the rollout ends, with the trajectory); the same with the endpoint
+calls inside rollouts of 10 calls; each call is one record, the trajectory is built when the
+rollout ends, and no span is made: nothing else listens); the same with the endpoint
 registered as tracerl-served, so requests also ask for token ids + logprobs (a bigger
 response to send and parse: that part is the server's and the SDK's, shown apart); and
 OpenInference's OpenAI instrumentation (SDK tracer provider, no exporter: its cheapest).
 The server runs in a separate process; modes are interleaved in blocks so drift in the
 machine's speed hits all of them alike.  "added" is the median minus the plain median.
-The work tracerl does at rollout end (span materialisation + trajectory) is timed apart
+The work tracerl does at rollout end (the trajectory) is timed apart
 and shown per call, and a last line compares totals (call path + rollout end) too.
 
 Workloads: by default every call sends the same two messages (the filed measurement); with

@@ -8,6 +8,7 @@ sampled token ids, like any other.
 from __future__ import annotations
 
 from .api_hooks import MESSAGES, wrap_create, wrap_stream
+from .model_calls import RESOURCE_CLIENT
 from .patching import Patches
 
 _patches = Patches()
@@ -19,6 +20,8 @@ def instrument() -> bool:
         from anthropic.resources.messages import AsyncMessages, Messages
     except ImportError:
         return False
+    for resource in (Messages, AsyncMessages):
+        _patches.apply(resource, "__init__", RESOURCE_CLIENT.wrap)
     _patches.apply(Messages, "create", lambda original: wrap_create(MESSAGES, original, is_async=False))
     _patches.apply(AsyncMessages, "create", lambda original: wrap_create(MESSAGES, original, is_async=True))
     _patches.apply(Messages, "stream", wrap_stream)

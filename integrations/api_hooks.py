@@ -25,7 +25,7 @@ from opentelemetry import trace
 from . import api_shapes
 from .endpoints import is_tracerl_endpoint
 from .health import guard, record_error
-from .model_calls import CallRecord, detach_context, end_span_with_error
+from .model_calls import RESOURCE_CLIENT, CallRecord, detach_context, end_span_with_error
 from .spans import end_with_error, finish_chat_span, start_chat_span
 from .streams import AsyncStreamRecorder, StreamRecorder
 
@@ -112,7 +112,7 @@ MESSAGES = Api(
 def _begin(api: Api, resource: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, CallRecord, dict[str, Any]]:
     span = token = None
     chat: dict[str, Any] = {}
-    client = getattr(resource, "_client", None)
+    client = RESOURCE_CLIENT.of(resource)
     base_url = getattr(client, "base_url", None)
     timeout = kwargs.get("timeout")
     try:

@@ -1,8 +1,7 @@
 """Reading a chat completion (OpenAI SDK objects, LiteLLM's responses, plain dicts), once.
 
-Shared by the span path (``spans.finish_chat_span``), the direct path (``direct_calls.py``) and
-streams (``streams.py``): what a response says about its call is read in one place, so the
-three record the same thing.  Fields beyond the OpenAI schema (``token_ids``,
+Shared by the hooks (``spans.finish_chat_span``) and streams (``streams.py``): what a response
+says about its call is read in one place.  Fields beyond the OpenAI schema (``token_ids``,
 ``prompt_token_ids`` from vLLM and tracerl's servers) are read as pydantic extras, dict keys or
 attributes.
 """
@@ -108,26 +107,8 @@ TokenIds = tuple[list[int] | None, list[int] | None, list[float] | None]
 """(prompt token ids, completion token ids, completion logprobs) of a call's first choice."""
 
 
-_TOKEN_FIELDS = frozenset({"token_ids", "prompt_token_ids", "provider_specific_fields"})
-
-
-@functools.lru_cache(maxsize=256)
-def _declares_no_token_fields(kind: type) -> bool:
-    """Whether a pydantic class has none of the fields :func:`token_ids` reads (the OpenAI SDK's)."""
-    fields = _model_fields(kind)
-    return fields is not None and not (fields & _TOKEN_FIELDS)
-
-
 def token_ids(completion: Any, first: Any) -> TokenIds | None:
     """The exact tokens a tracerl-served (or vLLM) response carries for its first choice, else None."""
-    if (
-        getattr(first, "logprobs", 0) is None
-        and not getattr(first, "__pydantic_extra__", True)
-        and not getattr(completion, "__pydantic_extra__", True)
-        and _declares_no_token_fields(type(first))
-        and _declares_no_token_fields(type(completion))
-    ):
-        return None  # a plain response (no extras, no logprobs): what extra_field would find is nothing
     ids = extra_field(first, "token_ids")
     prompt_ids = extra_field(completion, "prompt_token_ids") or extra_field(first, "prompt_token_ids")
     logprobs = logprob_values(field(first, "logprobs"))

@@ -1,7 +1,8 @@
-"""Spans of one rollout -> :class:`~tracerl.Trajectory`.
+"""Model calls and spans of one rollout -> :class:`~tracerl.Trajectory`.
 
-1. Read model calls from spans (tracerl's hooks, any GenAI-semconv instrumentor,
-   OpenInference) and tool / MCP calls.
+1. Take the hooks' records of model calls (``recorded.py``); read the model calls other
+   instrumentors wrote as spans (any GenAI-semconv instrumentor, OpenInference) and the
+   tool / MCP calls.
 2. Drop calls seen by two layers (same response id; or overlapping in time with the
    same last input and the same output), keeping the layer closest to the wire.
 3. Join exact token ids / logprobs by span id or response id.
@@ -53,7 +54,7 @@ class ModelCall:
     base: tuple[int, int] | None = None
     """(span id, prefix length) while ``inputs`` holds only a delta of that earlier call's input."""
     tool_definitions: str | None = None
-    """Tool definitions as their JSON, still to read (calls recorded without a span, ``direct_calls.py``)."""
+    """Tool definitions as their JSON, still to read (a hook's record: ``spans.end_chat_span``)."""
 
     def expected(self) -> list[tuple[Any, ...]]:
         return self.keys + [canonical(self.output)]
@@ -70,18 +71,58 @@ class ToolRun:
     layer: str
 
 
+def new_model_call(
+    *,
+    span_id: int,
+    start: int,
+    end: int,
+    layer: str,
+    inputs: list[dict[str, Any]],
+    output: dict[str, Any],
+    finish_reason: Any = None,
+    model: str | None = None,
+    response_id: str | None = None,
+    usage: tuple[int, int] = (0, 0),
+    record: Any = None,
+    base: tuple[int, int] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_definitions: str | None = None,
+    priority: int | None = None,
+) -> ModelCall:
+    """The one builder of a :class:`ModelCall`, from a hook's values (``spans.end_chat_span``) or
+    a span another instrumentor wrote (:func:`_model_call`): messages in OpenAI shape."""
+    output["role"] = "assistant"
+    return ModelCall(
+        span_id=span_id,
+        start=start,
+        end=end or start,
+        layer=layer,
+        priority=LAYER_PRIORITY.get(layer, GENAI_PRIORITY) if priority is None else priority,
+        inputs=inputs,
+        output=output,
+        finish_reason=finish_reason,
+        tools=tools,
+        model=model or None,
+        response_id=response_id or None,
+        usage=usage,
+        record=record,
+        keys=[canonical(m) for m in inputs],
+        base=(int(base[0]), int(base[1])) if base is not None else None,
+        tool_definitions=tool_definitions,
+    )
+
+
 def spans_to_trajectory(
     spans: Iterable[Any],
     records: Iterable[Any] = (),
     *,
     dropped_spans: int = 0,
     calls: Iterable[ModelCall] = (),
-    described_spans: int = 0,
+    recorded_calls: int = 0,
 ) -> Trajectory:
-    """Build the trajectory of one rollout from its finished spans and token records.
-
-    ``calls``: model calls recorded without a span (``direct_calls.py``), ``described_spans`` of
-    them (a call with no choices records nothing); counted as the spans they stand for.
+    """Build the trajectory of one rollout from the hooks' records of its model calls (``calls``, out
+    of ``recorded_calls`` ended: a failed call has no record), its finished spans (tool and MCP
+    calls, other instrumentors' model calls) and token records.
     """
     spans = list(spans)
     errors_before = _ErrorTally()
@@ -136,7 +177,7 @@ def spans_to_trajectory(
             "capture_turns_with_token_ids": with_ids,
             "capture_turns_without_token_ids": len(unique) - with_ids,
             "capture_tool_runs": len(tools),
-            "capture_spans": len(spans) + described_spans,
+            "capture_spans": len(spans) + recorded_calls,
             "capture_spans_dropped": dropped_spans,
             "capture_errors": errors_before.count,
             "capture_input_tokens": sum(c.usage[0] for c in unique),
@@ -193,8 +234,7 @@ def _model_call(
         usage = (int(attributes.get("llm.token_count.prompt") or 0), int(attributes.get("llm.token_count.completion") or 0))
     else:
         return None
-    output["role"] = "assistant"
-    return ModelCall(
+    return new_model_call(
         span_id=span.context.span_id,
         start=span.start_time or 0,
         end=span.end_time or span.start_time or 0,
@@ -207,7 +247,6 @@ def _model_call(
         model=str(model) if model else None,
         response_id=str(response_id) if response_id else None,
         usage=usage,
-        keys=[canonical(m) for m in inputs],
         base=base_of(attributes) if layer != "openinference" else None,
     )
 
@@ -240,7 +279,7 @@ def _tool_run(span: Any, attributes: Mapping[str, Any]) -> ToolRun | None:
 
 
 def attribute_value(value: Any, default: Any) -> Any:
-    """A JSON-valued attribute, parsed; capture-only spans hold the value itself (``deferred.py``)."""
+    """A JSON-valued attribute, parsed (a value already parsed is returned as it is)."""
     if value is None:
         return default
     return json.loads(value) if isinstance(value, str) else value
@@ -393,7 +432,7 @@ def _join_records(calls: list[ModelCall], records: Iterable[Any], tally: _ErrorT
         if record.response_id:
             by_response.setdefault(record.response_id, record)
     for call in calls:
-        record = call.record or by_span.get(call.span_id)  # set already when recorded without a span
+        record = call.record or by_span.get(call.span_id)  # set already on a hook's record
         for alias in call.alias_span_ids:
             record = record or by_span.get(alias)
         if record is None and call.response_id:

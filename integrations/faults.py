@@ -33,7 +33,7 @@ from tracerl.errors import (
 )
 
 from .health import guard
-from .rollout import current_rollout
+from .current import current_rollout
 
 Kind = Literal["model", "mcp", "tool"]
 Reason = Literal["connection", "timeout", "server_error"]
@@ -233,10 +233,6 @@ def note_success(kind: Kind, key: Callable[[], int | None]) -> None:
     if scope is not None and scope.faults:
         with guard("faults_note_success"):
             scope.faults.succeeded(kind, key())
-
-
-def model_key(base_url: Any, kwargs: dict[str, Any]) -> Callable[[], int]:
-    return lambda: call_key(str(base_url), kwargs.get("model"), kwargs.get("messages"))
 
 
 def _timeout_detail(seconds: Any, knob: str | None) -> str:

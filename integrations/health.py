@@ -63,11 +63,6 @@ def error_counts() -> dict[str, int]:
         return dict(_counts)
 
 
-def total_errors() -> int:
-    with _lock:
-        return sum(_counts.values())
-
-
 def reset_error_counts() -> None:
     """Forget counts and which kinds were logged (tests)."""
     with _lock:

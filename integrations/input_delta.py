@@ -14,7 +14,7 @@ assistant's answer and the tool results), the span keeps only the tail and point
 Two readers undo it: the converter (``convert.py``) rebuilds each call's full input from the
 rollout's spans, exactly as before; :class:`InputExpander` rebuilds it on the export thread, so
 OTLP backends and Langfuse still get each generation's full input (see ``outbound.py``).
-Outside a rollout nothing is deferred and every span holds its full input.
+Outside a rollout every call holds its full input.
 """
 
 from __future__ import annotations

@@ -27,9 +27,8 @@ from . import faults, layers
 from . import langchain_runs as runs
 from . import semconv as sc
 from .health import guard
-from .messages import to_semconv
 from .processor import get_tracer
-from .spans import json_text, end_chat_span, end_with_error, start_chat_span
+from .spans import ChatAnswer, json_text, end_chat_span, end_with_error, start_chat_span
 
 _handler_var: ContextVar[Any] = ContextVar("tracerl_langchain_handler", default=None)
 _state: dict[str, Any] = {}
@@ -130,35 +129,21 @@ def _make_handler_class() -> type:
             with guard("langchain_chat_end"):
                 layers.langchain_run_ended(run_id, span)
                 generations = response.generations[0] if response.generations else []
-                outputs, reasons = [], []
-                response_id = (response.llm_output or {}).get("id")
-                model = (response.llm_output or {}).get("model_name")
-                usage_in = usage_out = None
+                answer = ChatAnswer([], [], (response.llm_output or {}).get("id"), (response.llm_output or {}).get("model_name"))
                 for generation in generations:
                     message = getattr(generation, "message", None)
                     if message is None:
                         continue
                     info = dict(generation.generation_info or {})
                     metadata = dict(getattr(message, "response_metadata", None) or {})
-                    response_id = response_id or metadata.get("id")
-                    model = model or metadata.get("model_name")
-                    output = to_semconv(_openai_messages([message])[0])
-                    output["role"] = "assistant"
-                    output["finish_reason"] = info.get("finish_reason") or metadata.get("finish_reason")
-                    outputs.append(output)
-                    reasons.append(str(output["finish_reason"]) if output["finish_reason"] else "")
+                    answer.response_id = answer.response_id or metadata.get("id")
+                    answer.model = answer.model or metadata.get("model_name")
+                    answer.messages.append({**_openai_messages([message])[0], "role": "assistant"})
+                    answer.finishes.append(info.get("finish_reason") or metadata.get("finish_reason"))
                     usage = getattr(message, "usage_metadata", None) or {}
-                    usage_in = usage_in or usage.get("input_tokens")
-                    usage_out = usage_out or usage.get("output_tokens")
-                end_chat_span(
-                    span,
-                    outputs,
-                    response_id=response_id,
-                    model=model,
-                    finish_reasons=reasons,
-                    input_tokens=usage_in,
-                    output_tokens=usage_out,
-                )
+                    answer.input_tokens = answer.input_tokens or usage.get("input_tokens")
+                    answer.output_tokens = answer.output_tokens or usage.get("output_tokens")
+                end_chat_span(span, answer)
 
         def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
             span = self._runs.close(run_id)

@@ -23,16 +23,14 @@ Attributes follow OpenInference, which Phoenix shows natively and Langfuse maps
 (``openinference.span.kind`` CHAIN / AGENT / RETRIEVER -> observation types chain /
 agent / retriever; ``metadata`` as one JSON object).  Chain inputs and outputs (whole
 graph states) are not copied onto spans: the chat and tool spans already carry the
-messages, and copying states would cost every run.  Inside a rollout chain spans are
-deferred like model-call spans (:mod:`.deferred`): a run costs a few dict operations
-while the agent runs, its span is made at rollout end.  The trajectory converter
-ignores these spans (they describe no model call and no tool run).
+messages, and copying states would cost every run.  The trajectory converter ignores
+these spans (they describe no model call and no tool run).
 """
 
 from __future__ import annotations
 
-import functools
 import json
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -44,7 +42,6 @@ from opentelemetry import trace
 from . import semconv as sc
 from .health import record_error
 from .processor import get_tracer
-from .rollout import current_rollout
 from .spans import end_with_error
 
 MAX_OPEN_RUNS = 10_000
@@ -222,52 +219,44 @@ def leave_parent(token: Any) -> None:
         otel_context.detach(token)
 
 
-def _detach(token: Any) -> None:
-    """Detach, ignoring a token from another context (a run ended in another task).
+class _QuietDetach(logging.Filter):
+    """Drops OpenTelemetry's "Failed to detach context" error while :func:`_detach` runs."""
 
-    OpenTelemetry's public ``detach`` logs an error with a traceback in that case; the
-    run's :class:`RunScope` is closed by then, so, like Langfuse's handler (which has no
-    such scope and leaves the ended span current), we drop the token quietly.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Failed to detach context" not in record.getMessage()
+
+
+_quiet = _QuietDetach()
+
+
+def _detach(token: Any) -> None:
+    """Detach, quietly when the token belongs to another context (a run ended in another task).
+
+    OpenTelemetry's ``detach`` then logs an error with a traceback; the run's :class:`RunScope`
+    is closed by then, so, like Langfuse's handler (which has no such scope and leaves the
+    ended span current), we drop it: a logging filter on the ``opentelemetry.context`` logger
+    for the length of the call.
     """
+    logger = logging.getLogger("opentelemetry.context")
+    logger.addFilter(_quiet)
     try:
-        otel_context._RUNTIME_CONTEXT.detach(token)  # noqa: SLF001 - the quiet form of detach()
+        otel_context.detach(token)
     except Exception:  # noqa: BLE001
         pass
+    finally:
+        logger.removeFilter(_quiet)
 
 
 def start_run_span(
     name: str, kind: str, metadata: dict[str, Any] | None, extra: dict[str, Any] | None = None
 ) -> Any:
-    """Start the span of a chain / agent / retriever run under the current span.
-
-    Inside a rollout it is a deferred span (attributes built at rollout end); outside,
-    a real span now.
-    """
-    start = functools.partial(_start_real, name, kind, metadata, extra)
-    scope = current_rollout()
-    if scope is not None and scope.pending_spans is not None:
-        return scope.pending_spans.open(start)
-    return start()
-
-
-def _start_real(
-    name: str,
-    kind: str,
-    metadata: dict[str, Any] | None,
-    extra: dict[str, Any] | None,
-    *,
-    context: Any = None,
-    start_time: int | None = None,
-    tracer: Any = None,
-) -> Any:
+    """Start the span of a chain / agent / retriever run under the current span."""
     attributes: dict[str, Any] = {sc.OI_SPAN_KIND: kind, sc.LAYER: "langchain"}
     if metadata:
         attributes[sc.OI_METADATA] = json.dumps(metadata, default=str, ensure_ascii=False)
     if extra:
         attributes.update(extra)
-    return (tracer or get_tracer()).start_span(
-        name, context=context, kind=trace.SpanKind.INTERNAL, attributes=attributes, start_time=start_time
-    )
+    return get_tracer().start_span(name, kind=trace.SpanKind.INTERNAL, attributes=attributes)
 
 
 def end_run_span(span: Any, error: BaseException | None = None, *, control_flow: tuple[type, ...] = ()) -> None:
@@ -296,7 +285,7 @@ def retrieved_documents(documents: Sequence[Any]) -> dict[str, Any]:
 
 
 def set_on(span: Any, attributes: dict[str, Any]) -> None:
-    """Set attributes on a run's span (deferred or real)."""
+    """Set attributes on a run's span."""
     if attributes:
         span.set_attributes(attributes)
 

@@ -40,7 +40,6 @@ from uuid import UUID
 from opentelemetry import trace
 
 from . import semconv as sc
-from .deferred import DeferredSpan
 from .health import record_error
 
 _REMEMBERED = 50_000
@@ -90,8 +89,7 @@ def _running_langchain_call(span_id: int) -> Any:
     span = _running.get()
     if span is None or span.get_span_context().span_id == span_id:
         return None
-    ended = span.ended if isinstance(span, DeferredSpan) else getattr(span, "end_time", None) is not None
-    return None if ended else span
+    return span if span.is_recording() else None
 
 
 def has_model_call_child(span_id: int) -> bool:
@@ -108,7 +106,7 @@ def note_start(parent: Any, span_id: int, *, parent_is_plain: bool = False) -> N
         enclosing = _running_langchain_call(span_id)
         parent_id = parent.get_span_context().span_id if parent is not None else None
         outer = parent_id is not None and not parent_is_plain and (
-            isinstance(parent, DeferredSpan) or parent_id in _model_calls or _describes_model_call(parent)
+            parent_id in _model_calls or _describes_model_call(parent)
         )
         with _lock:  # one acquisition for what this start teaches
             _store(_model_calls, span_id, None)
@@ -125,8 +123,8 @@ def note_start(parent: Any, span_id: int, *, parent_is_plain: bool = False) -> N
 def on_start(span: Any, parent_context: Any) -> None:
     """Processor ``on_start``: a span from any instrumentor that says it is a model call.
 
-    A span tracerl's hooks already announced (:func:`note_start` at call time, then made real
-    at rollout end by :mod:`.deferred`) is known: nothing new to learn from it.
+    A span tracerl's hooks already announced (:func:`note_start` at call time, then made from
+    the call's record for exporters, ``recorded.py``) is known: nothing new to learn from it.
     """
     try:
         span_id = span.get_span_context().span_id

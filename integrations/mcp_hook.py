@@ -26,7 +26,7 @@ from opentelemetry import trace
 from . import faults
 from . import semconv as sc
 from .health import guard
-from .patching import Patches
+from .patching import InitArgument, Patches
 from .processor import get_tracer
 from .spans import end_with_error
 
@@ -79,6 +79,8 @@ def _end(span: Any, token: Any, error: BaseException | None = None) -> None:
                 span.end()
 
 
+SESSION_TIMEOUT = InitArgument("read_timeout_seconds")
+"""A session's default read timeout, as given to ``ClientSession(...)``."""
 MCP_TIMEOUT_KNOB = "McpServerSpec(request_timeout=...), or call_tool(..., read_timeout_seconds=...)"
 
 
@@ -89,7 +91,7 @@ def seconds(value: Any) -> Any:
 
 def _note_failure(session: Any, target: str, error: BaseException, key: Any, timeout: Any) -> None:
     if timeout is None:
-        timeout = getattr(session, "_session_read_timeout_seconds", None)  # the session's default, if any
+        timeout = SESSION_TIMEOUT.of(session)  # the session's default, if any
     faults.note_failure("mcp", target, error, key, timeout=seconds(timeout), knob=MCP_TIMEOUT_KNOB)
 
 
@@ -162,6 +164,7 @@ def instrument() -> bool:
         from mcp import ClientSession
     except ImportError:
         return False
+    _patches.apply(ClientSession, "__init__", SESSION_TIMEOUT.wrap)
     _patches.apply(ClientSession, "call_tool", _wrap_call_tool)
     _patches.apply(ClientSession, "list_tools", _wrap_list_tools)
     return True

@@ -97,34 +97,9 @@ def from_semconv(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def openai_message(message: Any) -> dict[str, Any]:
-    """``from_semconv(to_semconv(message))`` -- the form the converter gives a message read back from
-    a span -- built directly for the common shapes (text, assistant tool calls), else by that
-    round trip.  Used where a call is recorded without its span (``direct_calls.py``); equal,
-    key order included, on every shape ``tests/test_capture_messages_direct.py`` tries."""
-    if type(message) is not dict:
-        return from_semconv(to_semconv(message))
-    role = message.get("role", "user")
-    content = message.get("content")
-    calls = message.get("tool_calls")
-    if role == "tool" or not (content is None or type(content) is str):
-        return from_semconv(to_semconv(message))
-    if not calls:
-        out: dict[str, Any] = {"role": role, "content": content if content is not None else ""}
-    else:
-        wire = []
-        for call in calls:
-            function = call.get("function") if type(call) is dict else None
-            if type(function) is not dict:
-                return from_semconv(to_semconv(message))
-            arguments = function.get("arguments")
-            if not isinstance(arguments, str):
-                arguments = json.dumps(arguments if arguments is not None else {})
-            wire.append({"id": call.get("id"), "type": "function", "function": {"name": function.get("name"), "arguments": arguments}})
-        out = {"role": role, "content": content or (None if role == "assistant" else "")}  # "" makes no text part
-        out["tool_calls"] = wire
-    if message.get("name"):
-        out["name"] = message["name"]
-    return out
+    """A message (dict or SDK object) as the converter keeps it: the semconv round trip, so a call
+    reads the same from a hook's record and from the span made of it for exporters."""
+    return from_semconv(to_semconv(message))
 
 
 def from_openinference(attributes: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:

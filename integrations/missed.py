@@ -22,15 +22,12 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tracerl.types import Trajectory
 
 from . import auto, wire
 from .endpoints import is_tracerl_url
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .rollout import Rollout
 
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -45,8 +42,8 @@ class CaptureWarning(UserWarning):
     """A rollout's code called a model, but the call did not become part of its trajectory."""
 
 
-def check(rollout: "Rollout", trajectory: Trajectory) -> None:
-    """Record and warn about model calls the rollout made but did not capture (never raises)."""
+def check(rollout: Any, trajectory: Trajectory) -> None:
+    """Record and warn about model calls ``rollout`` (the ``Rollout`` ending) made but did not capture (never raises)."""
     captured = int(trajectory.metrics.get("capture_model_calls", 0) or 0)
     seen = rollout.seen_requests
     if captured == 0 and seen.count:

@@ -9,7 +9,16 @@ from opentelemetry import context as otel_context
 
 from . import faults
 from .health import guard, record_error
+from .patching import InitArgument
 from .spans import end_with_error
+
+RESOURCE_CLIENT = InitArgument("client")
+"""The client behind an SDK resource (``client.chat.completions``, ``client.messages``...): its base
+URL says whether the endpoint is tracerl's, its timeout goes to the fault log.  Read through the
+resource's public constructor, ``Resource(client)`` (the OpenAI and Anthropic SDKs alike), patched
+when the hook is enabled.  A resource made before (an agent framework builds its client's resources
+with the agent, often before the first rollout enables the hooks) is unknown: its calls still get
+token ids from tracerl's endpoint, which always answers with them."""
 
 _in_model_call: ContextVar[bool] = ContextVar("tracerl_in_model_call", default=False)
 """Set while a hooked model call runs: LiteLLM's call through the OpenAI SDK is one call, not two."""

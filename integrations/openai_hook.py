@@ -23,7 +23,7 @@ from opentelemetry import trace
 from . import semconv as sc
 from .endpoints import is_tracerl_endpoint
 from .health import record_error
-from .model_calls import CallRecord, detach_context, end_span_with_error
+from .model_calls import RESOURCE_CLIENT, CallRecord, detach_context, end_span_with_error
 from .patching import Patches
 from .spans import finish_chat_span, start_chat_span
 from .streams import AsyncStreamRecorder, StreamRecorder
@@ -49,10 +49,11 @@ OPENAI_TIMEOUT_KNOB = "the client's timeout, e.g. Model(inference_timeout=...)"
 
 def _begin(completions: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, CallRecord]:
     span = token = None
-    client = getattr(completions, "_client", None)
+    client = RESOURCE_CLIENT.of(completions)
     base_url = getattr(client, "base_url", None)
     timeout = kwargs.get("timeout")
-    call = CallRecord(base_url, kwargs, getattr(client, "timeout", None) if timeout is None else timeout, OPENAI_TIMEOUT_KNOB)
+    target = base_url or "the OpenAI SDK client's endpoint"
+    call = CallRecord(target, kwargs, getattr(client, "timeout", None) if timeout is None else timeout, OPENAI_TIMEOUT_KNOB)
     try:
         requested = prepare_request(kwargs, base_url)
         current = otel_context.get_current()
@@ -141,6 +142,8 @@ def instrument() -> bool:
         from openai.resources.chat.completions import AsyncCompletions, Completions
     except ImportError:
         return False
+    for resource in (Completions, AsyncCompletions):
+        _patches.apply(resource, "__init__", RESOURCE_CLIENT.wrap)
     _patches.apply(Completions, "create", _wrap_sync)
     _patches.apply(AsyncCompletions, "create", _wrap_async)
     try:
@@ -149,6 +152,8 @@ def instrument() -> bool:
         return True
     from .api_hooks import RESPONSES, wrap_create
 
+    for resource in (Responses, AsyncResponses):
+        _patches.apply(resource, "__init__", RESOURCE_CLIENT.wrap)
     _patches.apply(Responses, "create", lambda original: wrap_create(RESPONSES, original, is_async=False))
     _patches.apply(AsyncResponses, "create", lambda original: wrap_create(RESPONSES, original, is_async=True))
     return True

@@ -1,9 +1,9 @@
-"""The span processor: collects the finished spans of each active rollout's trace.
+"""Each active rollout's buffer: the hooks' records of its model calls and the finished spans of its trace.
 
-Only traces a rollout registered are kept (a dict lookup per span otherwise), each
-buffer is bounded, and nothing here raises into the code that ends a span.  Exact
-token ids and logprobs are kept next to the spans, in :class:`TokenRecord`s that the
-hooks add and the converter joins to model-call spans by span id or response id.
+Only traces a rollout registered are kept (a dict lookup per span otherwise), each buffer
+is bounded, and nothing here raises into the code that ends a span.  Exact token ids and
+logprobs travel in each record's :class:`TokenRecord`; the converter joins them to other
+instrumentors' model-call spans of the same call by span id or response id.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from . import layers, semconv
-from .deferred import PresetSpanIds, install_preset_ids
 from .health import record_error
+from .recorded import CaptureTracerProvider, ModelCallSpan, PresetIds, emit_all, install_preset_ids, listening
 
 DEFAULT_MAX_SPANS = 20_000
 DEFAULT_MAX_ROLLOUTS = 10_000
@@ -39,30 +39,24 @@ class TokenRecord:
 
 @dataclass
 class RolloutBuffer:
-    """Finished spans and token records of one rollout trace."""
+    """The hooks' records of one rollout's model calls and the finished spans of its trace."""
 
     trace_id: int
     max_spans: int
     spans: list[ReadableSpan] = field(default_factory=list)
-    records: list[TokenRecord] = field(default_factory=list)
     dropped_spans: int = 0
-    calls: list[Any] = field(default_factory=list)
-    """Model calls recorded without a span (``direct_calls.py``)."""
-    described_spans: int = 0
-    """The spans those calls stand for (counted against ``max_spans`` like spans)."""
+    calls: list[ModelCallSpan] = field(default_factory=list)
+    """The rollout's hooked model calls, ended (``recorded.py``); counted against ``max_spans`` like spans."""
 
     def add(self, span: ReadableSpan) -> None:
-        if len(self.spans) + self.described_spans < self.max_spans:
+        if len(self.spans) + len(self.calls) < self.max_spans:
             self.spans.append(span)
         else:
             self.dropped_spans += 1
 
-    def add_call(self, call: Any) -> None:
-        """``call``: a ``convert.ModelCall``, or None for a span that would have held no call."""
-        if len(self.spans) + self.described_spans < self.max_spans:
-            self.described_spans += 1
-            if call is not None:
-                self.calls.append(call)
+    def add_call(self, call: ModelCallSpan) -> None:
+        if len(self.spans) + len(self.calls) < self.max_spans:
+            self.calls.append(call)
         else:
             self.dropped_spans += 1
 
@@ -97,13 +91,10 @@ class CaptureProcessor(SpanProcessor):
         return len(self._buffers)
 
     # -- token records --------------------------------------------------------------------
-    def add_record(self, trace_id: int | None, record: TokenRecord) -> None:
-        buffer = self._buffers.get(trace_id) if trace_id is not None else None
-        if buffer is not None:
-            if len(buffer.records) < buffer.max_spans:
-                buffer.records.append(record)
-            return
-        if record.response_id:  # a call outside any rollout: keep a few, joinable by response id
+    def keep_orphan_record(self, record: TokenRecord) -> None:
+        """The token ids of a call outside every rollout: a few are kept, joinable by response id
+        (another instrumentor's span of the same call may be in a rollout)."""
+        if record.response_id:
             with self._lock:
                 self._orphans[record.response_id] = record
                 while len(self._orphans) > _ORPHAN_RECORDS:
@@ -128,15 +119,22 @@ class CaptureProcessor(SpanProcessor):
         except Exception as error:  # noqa: BLE001 - never raise into whoever ends the span
             record_error("processor_on_end", error)
 
-    def add_call(self, context: Any, parent: Any, call: Any) -> None:
-        """A model call recorded without a span (``direct_calls.py``) under ``parent`` (span contexts),
-        for its rollout's buffer; what :meth:`on_end` does for a span."""
-        layers.note_model_call_end(context.span_id, parent)
-        trace_id = context.trace_id
+    def add_call(self, call: ModelCallSpan) -> None:
+        """A hooked model call ended: to its rollout's buffer (what :meth:`on_end` does for a span).
+
+        A call outside every rollout (or ending after its rollout did) becomes a span now when
+        something listens, and leaves its token ids joinable by response id."""
+        layers.note_model_call_end(call.context.span_id, call.parent)
         try:
-            buffer = self._buffers.get(trace_id)
+            buffer = self._buffers.get(call.context.trace_id)
             if buffer is not None:
                 buffer.add_call(call)
+                return
+            record = getattr(call.call, "record", None)
+            if record is not None:
+                self.keep_orphan_record(record)
+            if listening(_provider):
+                emit_all([call], get_tracer(), get_span_ids())
         except Exception as error:  # noqa: BLE001 - as on_end
             record_error("processor_on_end", error)
 
@@ -173,14 +171,15 @@ def get_tracer() -> trace.Tracer:
     return tracer
 
 
-def current_setup() -> tuple[Any, CaptureProcessor | None]:
-    """tracerl's tracer and processor as they are now (no set-up done here)."""
-    return _tracer, _processor
-
-
-def get_span_ids() -> PresetSpanIds:
-    """The id generator of tracerl's tracer (lets deferred spans keep their ids)."""
+def get_span_ids() -> PresetIds:
+    """The id generator of tracerl's tracer (lets spans made from records keep their ids)."""
     return install_preset_ids(get_tracer())
+
+
+def emit_spans(calls: list[ModelCallSpan]) -> None:
+    """OpenTelemetry spans from a rollout's records, when something listens (``recorded.py``)."""
+    if calls and listening(_provider):
+        emit_all(calls, get_tracer(), get_span_ids())
 
 
 def get_tracer_provider() -> TracerProvider:
@@ -203,10 +202,12 @@ def configure(tracer_provider: TracerProvider | None = None) -> CaptureProcessor
             if _provider is not None:
                 return _processor  # type: ignore[return-value]
             global_provider = trace.get_tracer_provider()
-            tracer_provider = global_provider if isinstance(global_provider, TracerProvider) else TracerProvider()
+            tracer_provider = global_provider if isinstance(global_provider, TracerProvider) else CaptureTracerProvider()
         if tracer_provider is _provider and _processor is not None:
             return _processor
         processor = _processor or CaptureProcessor()
+        if isinstance(tracer_provider, CaptureTracerProvider):
+            tracer_provider.capture_processor = processor
         if tracer_provider not in _attached:  # moving back to a provider must not attach it twice
             tracer_provider.add_span_processor(processor)  # (each span would reach a rollout twice)
             _attached.add(tracer_provider)

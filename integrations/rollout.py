@@ -27,7 +27,6 @@ import asyncio
 import functools
 import inspect
 import uuid
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from opentelemetry import context as otel_context
@@ -39,24 +38,20 @@ from tracerl.types import Trajectory, TrajectoryGroup, current_group_id
 from tracerl.validation import finite_reward
 
 from . import auto, semconv, wire
+from .current import current as _current
+from .current import current_rollout
 from .health import guard
-from .deferred import PendingSpans
+from .input_delta import InputHistory
 from .outbound import redact_trajectory
-from .processor import RolloutBuffer, get_processor, get_span_ids, get_tracer
+from .processor import RolloutBuffer, emit_spans, get_processor, get_tracer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .faults import FaultLog
 
-_current: ContextVar["Rollout | None"] = ContextVar("tracerl_rollout", default=None)
 start_hooks: list[Callable[["Rollout"], None]] = []
 """Called, each guarded, with a rollout just after its root span started (exporters register here)."""
 end_hooks: list[Callable[["Rollout"], None]] = []
 """Called, each guarded, with a rollout just before its root span ends (exporters register here)."""
-
-
-def current_rollout() -> "Rollout | None":
-    """The rollout the calling code runs in, if any."""
-    return _current.get()
 
 
 class Rollout:
@@ -104,14 +99,24 @@ class Rollout:
         self._buffer: RolloutBuffer | None = None
         self._tokens: list[Any] = []
         self._trace_id: int | None = None
-        self.pending_spans: PendingSpans | None = None
-        """Model-call spans recorded cheaply during the rollout, made real when it ends."""
+        self.inputs: InputHistory | None = None
+        """The recent model-call inputs, so each call's record keeps only its new messages (``input_delta.py``)."""
         self.faults: FaultLog | None = None
         """Infrastructure failures the hooks noticed (and no retry made good); None while there are none."""
         self.seen_requests = wire.SeenRequests()
         """Model requests this rollout's code sent on the wire, captured or not (see :mod:`.wire`)."""
         self.outside_mark = 0
         """Where the list of model requests sent outside every rollout stood when this one started."""
+
+    @property
+    def root_span(self) -> Any:
+        """The rollout's own span (its trace's root), None before it starts."""
+        return self._span
+
+    @property
+    def buffer(self) -> RolloutBuffer | None:
+        """What capture collected so far: the hooks' records of model calls, the finished spans."""
+        return self._buffer
 
     @property
     def reward(self) -> float:
@@ -147,7 +152,7 @@ class Rollout:
             self._trace_id = self._span.get_span_context().trace_id
             self._buffer = get_processor().begin(self._trace_id)
             if self._buffer is not None:
-                self.pending_spans = PendingSpans(get_span_ids())
+                self.inputs = InputHistory()
             self._tokens.append(otel_context.attach(trace.set_span_in_context(self._span)))
             for hook in start_hooks:
                 with guard("rollout_start_hook"):
@@ -162,9 +167,7 @@ class Rollout:
         with guard("rollout_end"):
             if self._tokens:
                 otel_context.detach(self._tokens.pop())
-            pending, self.pending_spans = self.pending_spans, None  # calls still running later go eager
-            if pending is not None:
-                pending.materialize()
+            self.inputs = None
             if self._span is not None:
                 failed = infrastructure if infrastructure is not None else error
                 if failed is not None:
@@ -175,7 +178,10 @@ class Rollout:
                         hook(self)
                 self._span.end()
             buffer = get_processor().end(self._trace_id) if self._trace_id is not None else None
-            trajectory = self._convert(buffer or self._buffer)
+            buffer = buffer or self._buffer
+            trajectory = self._convert(buffer)
+            if buffer is not None:
+                emit_spans(buffer.calls)  # for exporters, when one listens; calls ending later: as they end
         if trajectory is None:
             trajectory = Trajectory(messages_and_choices=[], logs=["tracerl capture failed for this rollout"])
             trajectory.metrics["capture_failed"] = 1
@@ -205,10 +211,9 @@ class Rollout:
             return Trajectory(messages_and_choices=[], logs=["rollout was not captured (too many active rollouts)"])
         return spans_to_trajectory(
             buffer.spans,
-            buffer.records,
             dropped_spans=buffer.dropped_spans,
-            calls=buffer.calls,
-            described_spans=buffer.described_spans,
+            calls=[ended.call for ended in buffer.calls if ended.call is not None],
+            recorded_calls=len(buffer.calls),
         )
 
     def _finish(self, trajectory: Trajectory) -> None:

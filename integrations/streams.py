@@ -8,9 +8,8 @@ from typing import Any, Callable
 from opentelemetry import trace
 
 from .health import guard
-from .messages import to_semconv
 from .completions import extra_field, field, ints, logprob_values
-from .spans import end_chat_span
+from .spans import ChatAnswer, end_chat_span
 
 
 class ChunkAccumulator:
@@ -66,7 +65,7 @@ class ChunkAccumulator:
                     self.logprobs.extend(values)
 
     def finish(self, span: Any) -> None:
-        outputs = []
+        messages, finishes = [], []
         for index in sorted(self.choices):
             state = self.choices[index]
             message: dict[str, Any] = {"role": "assistant", "content": "".join(state["content"]) or None}
@@ -82,22 +81,14 @@ class ChunkAccumulator:
                 message["tool_calls"] = calls
             elif message["content"] is None:
                 message["content"] = ""
-            output = to_semconv(message)
-            output["finish_reason"] = state["finish_reason"]
-            outputs.append(output)
+            messages.append(message)
+            finishes.append(state["finish_reason"])
         tokens = None
         if self.token_ids is not None or self.prompt_token_ids is not None or self.logprobs is not None:
             tokens = (self.prompt_token_ids, self.token_ids, self.logprobs)
-        end_chat_span(
-            span,
-            outputs,
-            response_id=self.response_id,
-            model=self.model,
-            finish_reasons=[str(s["finish_reason"]) for _, s in sorted(self.choices.items()) if s["finish_reason"]],
-            input_tokens=field(self.usage, "prompt_tokens"),
-            output_tokens=field(self.usage, "completion_tokens"),
-            tokens=tokens,
-        )
+        answer = ChatAnswer(messages, finishes, self.response_id, self.model,
+                            field(self.usage, "prompt_tokens"), field(self.usage, "completion_tokens"))  # fmt: skip
+        end_chat_span(span, answer, tokens=tokens)
 
 
 class _Recorder:

@@ -23,8 +23,9 @@ import threading
 from collections import deque
 from typing import Any
 
-from opentelemetry import context as otel_context
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
+from .current import current_rollout
 from .health import guard, record_error
 from .patching import Patches
 
@@ -116,9 +117,9 @@ def outside_since(position: int) -> list[str]:
 
 def _note(request: Any) -> None:
     try:  # try/except rather than ``guard``: this runs on every HTTP request
-        if otel_context.get_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY):
+        if not is_instrumentation_enabled():
             return  # tracerl's own servers forwarding a request
-        rollout = _current_rollout()
+        rollout = current_rollout()
         if rollout is not None:
             rollout.seen_requests.note_request(request.method, request.url)
             return
@@ -128,14 +129,6 @@ def _note(request: Any) -> None:
                 _outside.append((next(_sequence), url))
     except Exception as error:  # noqa: BLE001 - never raise into the request
         record_error("wire_note", error)
-
-
-def _current_rollout() -> Any:
-    from .rollout import current_rollout  # imported here: rollout imports this module
-
-    global _current_rollout
-    _current_rollout = current_rollout
-    return current_rollout()
 
 
 def _get_processor() -> Any:
@@ -182,11 +175,3 @@ def watch() -> None:
             _patches.apply(module.Client, "send", _wrap_sync)
             _patches.apply(module.AsyncClient, "send", _wrap_async)
         _watching = True
-
-
-def unwatch() -> None:
-    """Put ``httpx`` back (tests)."""
-    global _watching
-    with _lock:
-        _patches.restore()
-        _watching = False

@@ -5,9 +5,9 @@ first offered tool once (with the last user message as ``query``) and then answe
 ``"answer: " + <last tool result or user message>``.  For the fault tests a reply can
 also be an error status (``Reply(status=500)``), a connection that drops in the middle of
 the response (``Reply(drop=True)``, streamed or not), or no answer at all until the server
-stops (``Reply(hang=True)``).  Like tracerl's servers it returns
-``prompt_token_ids`` and per-choice ``token_ids`` when asked with ``return_token_ids``,
-and logprobs when asked with ``logprobs``.  Token ids are fake but deterministic
+stops (``Reply(hang=True)``).  It returns ``prompt_token_ids`` and per-choice ``token_ids`` when
+asked with ``return_token_ids``, and logprobs when asked with ``logprobs``; by default always,
+as tracerl's servers do (``token_truth=False``: only when asked).  Token ids are fake but deterministic
 (character codes), so tests can check they were joined to the right turn.
 """
 
@@ -86,12 +86,16 @@ class FakeOpenAIServer(LoopbackApp):
         *,
         delay_s: float = 0.0,
         prompt_ids_on_choice: bool = False,
+        token_truth: bool = True,
     ):
         """``prompt_ids_on_choice``: streamed prompt ids also on the first chunk's choice, as
-        tracerl's servers send them (raw vLLM puts them on the chunk only)."""
+        tracerl's servers send them (raw vLLM puts them on the chunk only); ``token_truth``: token
+        ids and logprobs in every answer, asked for or not, as tracerl's servers send them (False:
+        only when asked, as any other OpenAI-compatible server)."""
         super().__init__()
         self._stopping = threading.Event()
         self.prompt_ids_on_choice = prompt_ids_on_choice
+        self.token_truth = token_truth
         self.script = script
         self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
@@ -153,8 +157,8 @@ class FakeOpenAIServer(LoopbackApp):
             "message": message,
             "finish_reason": reply.finish_reason or ("tool_calls" if calls else "stop"),
         }
-        want_ids = bool(body.get("return_token_ids"))
-        if body.get("logprobs"):
+        want_ids = bool(body.get("return_token_ids")) or self.token_truth
+        if body.get("logprobs") or self.token_truth:
             choice["logprobs"] = {
                 "content": [
                     {"token": str(t), "logprob": lp, "bytes": None, "top_logprobs": []}

@@ -43,7 +43,7 @@ def unserved_fake():
     from capture_fake_server import FakeOpenAIServer
 
     ti.instrument("openai")
-    with FakeOpenAIServer() as srv:
+    with FakeOpenAIServer(token_truth=False) as srv:
         yield srv
 
 

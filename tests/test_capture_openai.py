@@ -67,7 +67,7 @@ def test_sync_client_sync_rollout_and_streaming(server):
 
 
 async def test_token_ids_are_requested_only_from_tracerl_endpoints(server):
-    other = FakeOpenAIServer().start()
+    other = FakeOpenAIServer(token_truth=False).start()  # any other OpenAI-compatible server
     try:
         plain = AsyncOpenAI(base_url=other.base_url, api_key="x", max_retries=0)
         async with ti.rollout() as r:

@@ -42,22 +42,20 @@ async def test_exception_in_a_hook_never_reaches_the_agent(server, monkeypatch, 
     def explode(*args, **kwargs):
         raise RuntimeError("capture bug")
 
-    monkeypatch.setattr(spans, "to_semconv_list", explode)  # request side
-    monkeypatch.setattr(spans, "end_chat_span", explode)  # response side (non-stream)
-    monkeypatch.setattr(spans.direct_calls, "model_call", explode)  # the call's record made without a span
+    monkeypatch.setattr(spans, "new_model_call", explode)  # response side: the call's record
     client = AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     async with ti.rollout() as r:
         for i in range(3):
             response = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q{i}"}])
             assert response.choices[0].message.content == f"answer: q{i}"
-    # Inside a rollout the request is described when the rollout ends (deferred spans).
-    assert ti.capture_error_counts() == {"deferred_span": 3}
-    assert len([rec for rec in caplog.records if "deferred_span" in rec.getMessage()]) == 1
+    assert ti.capture_error_counts() == {"openai_response": 3}
+    assert len([rec for rec in caplog.records if "openai_response" in rec.getMessage()]) == 1
     assert r.trajectory is not None  # empty, but the rollout completed
-    for i in range(3):  # outside a rollout the span is described at call time
+    monkeypatch.setattr(spans, "new_span_id", explode)  # request side
+    for i in range(3):
         response = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"o{i}"}])
         assert response.choices[0].message.content == f"answer: o{i}"
-    assert ti.capture_error_counts() == {"deferred_span": 3, "openai_request": 3}
+    assert ti.capture_error_counts() == {"openai_response": 3, "openai_request": 3}
     assert len([rec for rec in caplog.records if "openai_request" in rec.getMessage()]) == 1
 
 

@@ -232,8 +232,9 @@ async def test_each_logged_step_is_a_training_step_trace_with_its_metrics_as_sco
 
 
 async def test_langfuse_sdk_client_created_first_keeps_working_and_each_span_arrives_once(served, monkeypatch):
-    """The SDK owns the provider (as ``Langfuse()`` does with the global one); then export_to_langfuse:
-    the SDK still sends its own spans, tracerl sends the rest with Langfuse's mapping, each once."""
+    """The SDK owns the provider (as ``Langfuse()`` does with the global one), told by its public
+    ``should_export_span`` to send only its own spans; then export_to_langfuse: the SDK still sends
+    its own spans, tracerl sends the rest with Langfuse's mapping, each once."""
     from langfuse import Langfuse
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -244,7 +245,8 @@ async def test_langfuse_sdk_client_created_first_keeps_working_and_each_span_arr
     provider = TracerProvider()
     pk, sk = "pk-lf-sdk-first", "sk-lf-sdk-first"  # the SDK keeps one client per public key per process
     collector = OTLPCollector(pk, sk).start()
-    lf = Langfuse(public_key=pk, secret_key=sk, base_url=collector.url, tracer_provider=provider)
+    lf = Langfuse(public_key=pk, secret_key=sk, base_url=collector.url, tracer_provider=provider,
+                  should_export_span=export.langfuse_sdk_own_spans)  # fmt: skip
     ti.configure_tracing(provider)
     processor = ti.export_to_langfuse(collector.url, pk, sk, tracer_provider=provider)
     try:

@@ -1,8 +1,9 @@
 """The slice of the OpenAI chat-completions protocol that tracerl's servers speak.
 
 Requests are validated by hand so that every problem becomes an OpenAI-style 400 naming the
-offending ``param``.  vLLM's extensions used by the trainer are supported: ``return_token_ids``
-(top-level ``prompt_token_ids`` and per-choice ``token_ids``), ``top_k``, ``stop_token_ids``,
+offending ``param``.  Every answer carries the sampled token ids (vLLM's ``return_token_ids``
+shape: top-level ``prompt_token_ids`` and per-choice ``token_ids``) and their logprobs, asked
+for or not, as the vLLM proxy does.  vLLM's other extensions are supported: ``top_k``, ``stop_token_ids``,
 ``ignore_eos``, ``chat_template_kwargs``.  ``stream: true`` is answered once the completion is
 done, as server-sent events of the whole result (clients that stream work; tokens are not
 delivered incrementally).
@@ -164,9 +165,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stop=stop,
         stop_token_ids=stop_token_ids,
         seed=seed,
-        logprobs=bool(logprobs) or top_logprobs > 0,
-        top_logprobs=top_logprobs,
-        return_token_ids=bool(body.get("return_token_ids")),
+        logprobs=True,  # token truth always, as the vLLM proxy asks vLLM for it: a client that did not
+        top_logprobs=top_logprobs,  # ask (its hook could not tell the endpoint is ours) still gets it
+        return_token_ids=True,
         ignore_eos=bool(body.get("ignore_eos")),
         stream=bool(body.get("stream")),
         include_usage=bool((body.get("stream_options") or {}).get("include_usage")),

@@ -30,10 +30,10 @@ _classes: dict[type, type] = {}
 def suppressed_context() -> Any:
     """The current OpenTelemetry context with instrumentation (HTTP included) suppressed."""
     from opentelemetry import context
+    from opentelemetry.instrumentation.utils import suppress_http_instrumentation, suppress_instrumentation
 
-    ctx = context.set_value(context._SUPPRESS_INSTRUMENTATION_KEY, True)
-    ctx = context.set_value(context._SUPPRESS_HTTP_INSTRUMENTATION_KEY, True, ctx)
-    return context.set_value("suppress_instrumentation", True, ctx)  # the key older contrib releases read
+    with suppress_instrumentation(), suppress_http_instrumentation():  # the public way to set the keys
+        return context.get_current()
 
 
 def untraced_fastapi(**kwargs: Any) -> Any:

@@ -20,7 +20,7 @@ from tracerl.errors import ConfigError
 
 from ..outbound import mark_internal_url
 from . import langfuse, otlp, scores
-from .langfuse import langfuse_attributes, langfuse_span_filter
+from .langfuse import langfuse_attributes, langfuse_sdk_own_spans, langfuse_span_filter
 from .otlp import ExportError
 from .scores import ScoreSender, export_scores
 from .steps import export_step
@@ -32,6 +32,7 @@ __all__ = [
     "export_to_langfuse",
     "export_to_otlp",
     "langfuse_attributes",
+    "langfuse_sdk_own_spans",
     "langfuse_span_filter",
 ]
 
@@ -48,8 +49,9 @@ def export_to_langfuse(
     keys and a bad environment raise :class:`~tracerl.ConfigError`.  ``prices`` maps a model
     name to (USD per million input tokens, USD per million output tokens); models served by
     tracerl cost zero, hosted ones are priced by Langfuse.  ``check=True`` also asks Langfuse
-    whether it accepts the keys.  A Langfuse SDK client on the same provider keeps sending
-    its own spans; tracerl sends the rest, each span once.
+    whether it accepts the keys.  A Langfuse SDK client on the same provider, created with
+    ``should_export_span=langfuse_sdk_own_spans``, keeps sending its own spans; tracerl sends
+    the rest, each span once.
     """
     host = host or os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or langfuse.DEFAULT_HOST
     host = otlp.check_url(host.rstrip("/"), "Langfuse host")
@@ -61,7 +63,7 @@ def export_to_langfuse(
         langfuse.check_keys(host, headers, timeout_s)
     processor = otlp.attach(
         host + langfuse.OTEL_PATH, headers, tracer_provider, timeout_s, "gzip", where,
-        make_scores=lambda: ScoreSender(host, headers, timeout_s), share_sdk=True,
+        make_scores=lambda: ScoreSender(host, headers, timeout_s), skip_sdk_spans=True,
     )  # fmt: skip
     install_hooks()
     return processor

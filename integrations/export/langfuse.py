@@ -186,33 +186,17 @@ def langfuse_span_filter(span: ReadableSpan) -> bool:
 
 
 # -- the SDK beside our exporter ------------------------------------------------------------------
-def share_with_sdk(provider: Any, endpoint: str) -> list[Any]:
-    """Keep each span exported once when the Langfuse SDK's processor is on the same provider.
+def langfuse_sdk_own_spans(span: ReadableSpan) -> bool:
+    """``should_export_span`` for a Langfuse SDK client that shares a provider with
+    ``export_to_langfuse``: the SDK sends only its own spans (its default filter among them),
+    tracerl's exporter sends the rest in Langfuse's mapping, each span once.
 
-    The SDK created first (``Langfuse()``) owns the global provider, so its processor sees
-    tracerl's spans too and would send them without the mapping above.  From now on it sends
-    only its own spans (the SDK's scope), and our exporter skips those.  Returns the SDK
-    processors changed, for :func:`unshare_with_sdk`.
+    ``Langfuse(..., should_export_span=langfuse_sdk_own_spans)``: the SDK's public option; an SDK
+    client created without it also sends tracerl's spans (twice, the second copy unmapped).
     """
-    changed = []
-    for processor in getattr(getattr(provider, "_active_span_processor", None), "_span_processors", ()):
-        if type(processor).__name__ != "LangfuseSpanProcessor":
-            continue
-        original = getattr(processor, "_should_export_span", None)
-        if not callable(original):
-            record_error("langfuse_sdk_filter", RuntimeError("the Langfuse SDK's span filter moved: spans may arrive twice"))
-            continue
-        processor._tracerl_original_filter = original
-        processor._should_export_span = lambda span, _original=original: is_sdk_span(span) and _original(span)
-        changed.append(processor)
-    return changed
+    from langfuse.span_filter import is_default_export_span
 
-
-def unshare_with_sdk(processors: list[Any]) -> None:
-    for processor in processors:
-        original = getattr(processor, "_tracerl_original_filter", None)
-        if original is not None:
-            processor._should_export_span = original
+    return is_sdk_span(span) and is_default_export_span(span)
 
 
 def is_sdk_span(span: ReadableSpan) -> bool:

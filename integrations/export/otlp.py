@@ -20,7 +20,7 @@ from tracerl.errors import ConfigError, TracerlError
 from ..health import record_error
 from ..outbound import OutboundSpanExporter, mark_internal_url
 from ..processor import get_tracer_provider
-from .langfuse import Destination, is_sdk_span, langfuse_view, share_with_sdk, unshare_with_sdk
+from .langfuse import Destination, is_sdk_span, langfuse_view
 
 
 class ExportError(TracerlError, ConnectionError):
@@ -70,7 +70,6 @@ class ExportProcessor(BatchSpanProcessor):
         self.provider, self.exporter, self.scores, self.endpoint = provider, exporter, scores, exporter.endpoint
         self.where = exporter.where or Destination()
         self.closed = False
-        self.shared_sdk_processors: list[Any] = []
 
     def on_end(self, span: ReadableSpan) -> None:
         if not self.closed:  # a provider cannot drop a processor: a closed one stays attached, idle
@@ -86,7 +85,6 @@ class ExportProcessor(BatchSpanProcessor):
                 return
             del _active[(id(self.provider), self.endpoint)]
             self.closed = True
-        unshare_with_sdk(self.shared_sdk_processors)
         super().shutdown()
         if self.scores is not None:
             self.scores.shutdown()
@@ -110,7 +108,7 @@ def check_url(url: str, what: str) -> str:
 
 def attach(
     endpoint: str, headers: Mapping[str, str] | None, provider: TracerProvider | None, timeout_s: float,
-    compression: str, where: Destination | None, make_scores: Any = None, share_sdk: bool = False,
+    compression: str, where: Destination | None, make_scores: Any = None, skip_sdk_spans: bool = False,
 ) -> ExportProcessor:  # fmt: skip
     """The processor for ``endpoint`` on ``provider`` (created once; later calls return it)."""
     try:
@@ -129,9 +127,7 @@ def attach(
             otlp = OutboundSpanExporter(otlp)  # full chat inputs, credentials redacted (outbound.py)
             exporter = Exporter(otlp, endpoint, where)
             processor = ExportProcessor(provider, exporter, make_scores() if make_scores else None)
-            if share_sdk:
-                processor.shared_sdk_processors = share_with_sdk(provider, endpoint)
-                exporter.skip_sdk_spans = bool(processor.shared_sdk_processors)
+            exporter.skip_sdk_spans = skip_sdk_spans
             _active[(id(provider), endpoint)] = processor
             provider.add_span_processor(processor)
     return processor

@@ -169,19 +169,20 @@ def submit(body: dict[str, Any], comment: str | None, metadata: dict[str, Any] |
 
 def on_rollout_start(scope: Any) -> None:
     if otlp.active():
-        traces.register(scope._span.get_span_context().trace_id, traces.from_rollout(scope))
+        traces.register(scope.root_span.get_span_context().trace_id, traces.from_rollout(scope))
 
 
 def on_rollout_end(scope: Any) -> None:
     """Before the root span ends: the trace's output, the reward on the root and to Langfuse."""
     if not otlp.active():
         return
-    context = scope._span.get_span_context()
+    context = scope.root_span.get_span_context()
     info = traces.lookup(context.trace_id)
     if info is not None:
-        info.output = traces.final_answer(scope, scope._buffer.spans if scope._buffer is not None else ())
+        buffer = scope.buffer
+        info.output = traces.final_answer(scope, buffer.calls if buffer else (), buffer.spans if buffer else ())
     reward = float(scope.reward)
-    scope._span.add_event(EVALUATION_EVENT, {EVALUATION_NAME: "reward", EVALUATION_SCORE: reward})
+    scope.root_span.add_event(EVALUATION_EVENT, {EVALUATION_NAME: "reward", EVALUATION_SCORE: reward})
     emit(f"{context.trace_id:032x}", "reward", reward, evaluation_span=False)  # the event above is in the trace
 
 

@@ -97,14 +97,21 @@ def from_rollout(scope: Any) -> TraceInfo:
         name=scope.name, session_id=_short(scope.group) if scope.group is not None else None,
         user_id=str(user) if user is not None else None, tags=tags, version=version,
         metadata=flat_metadata(metadata), input=text(scope.task) if scope.task is not None else None,
-        root_span_id=scope._span.get_span_context().span_id,
+        root_span_id=scope.root_span.get_span_context().span_id,
     )  # fmt: skip
 
 
-def final_answer(scope: Any, spans: Iterable[Any]) -> str | None:
-    """``rollout.output`` when set, else the text of the last assistant message the rollout produced."""
+def final_answer(scope: Any, calls: Iterable[Any], spans: Iterable[Any]) -> str | None:
+    """``rollout.output`` when set, else the text of the last assistant message the rollout produced:
+    the last of the hooks' records (``calls``), else of model-call spans other instrumentors wrote."""
     if scope.output is not None:
         return text(scope.output)
+    answered = [ended for ended in calls if ended.call is not None]
+    if answered:
+        content = max(answered, key=lambda ended: ended.end_ns or 0).call.output.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return content or None
     last: tuple[int, str] | None = None
     for span in spans:
         attributes = span.attributes or {}

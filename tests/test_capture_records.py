@@ -1,8 +1,9 @@
-"""Deferred model-call spans: recorded cheaply during a rollout, made real when it ends.
+"""Model calls are records (``integrations/recorded.py``); spans for exporters are made from them.
 
-The real spans must look exactly as if they had been created at call time: the same span
-id their children already point to, the call's own start/end times, the request as it
-was when the call was made (not after the agent appended to its message list).
+Those spans must look exactly as if they had been created at call time: the same span id
+their children already point to, the call's own start/end times, the request as it was when
+the call was made (not after the agent appended to its message list).  Nobody listening, no
+span is made at all.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import tracerl.integrations as ti
-from tracerl.integrations import deferred, semconv
+from tracerl.integrations import processor, recorded, semconv
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def exported():
     exporter.shutdown()  # the processor stays attached but exports nothing more
 
 
-async def test_deferred_span_keeps_its_id_times_and_children(server, exported):
+async def test_the_span_made_from_a_record_keeps_its_id_times_and_children(server, exported):
     client = AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     tracer = trace.get_tracer("test.lower.layer", tracer_provider=ti.get_tracer_provider())
     original = client.chat.completions._post  # a lower layer: a span made inside the SDK call
@@ -45,10 +46,8 @@ async def test_deferred_span_keeps_its_id_times_and_children(server, exported):
     messages = [{"role": "user", "content": "marker-D1"}]
     async with ti.rollout(task="d") as r:
         await client.chat.completions.create(model="m", messages=messages)
-        pending = len(r.pending_spans)
         messages.append({"role": "assistant", "content": "appended after the call"})
         assert [s.name for s in exported.get_finished_spans()] == ["lower layer"]  # chat span not made yet
-    assert pending == 1
     spans = {s.name: s for s in exported.get_finished_spans()}
     chat, child, root = spans["chat m"], spans["lower layer"], spans["rollout"]
     assert child.parent.span_id == chat.context.span_id  # the id the child saw during the call
@@ -66,18 +65,14 @@ async def test_outside_a_rollout_spans_are_made_at_call_time(server, exported):
     assert [s.name for s in exported.get_finished_spans()] == ["chat m"]
 
 
-async def test_long_rollouts_flush_early_and_lose_nothing(server, monkeypatch):
-    monkeypatch.setattr(deferred, "FLUSH_AT", 4)
+async def test_long_rollouts_lose_nothing(server):
     client = AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     messages: list[dict] = []
     async with ti.rollout() as r:
-        peak = 0
         for i in range(11):  # one conversation of 11 turns
             messages.append({"role": "user", "content": f"q{i}"})
             response = await client.chat.completions.create(model="m", messages=messages)
             messages.append({"role": "assistant", "content": response.choices[0].message.content})
-            peak = max(peak, len(r.pending_spans))
-    assert peak <= 4
     contents = [c.message["content"] for c in r.trajectory.sampled_turns()]
     assert contents == [f"answer: q{i}" for i in range(11)]
 
@@ -91,3 +86,25 @@ async def test_a_call_still_running_when_the_rollout_ends_is_kept(server, export
     chat = [s for s in exported.get_finished_spans() if s.name == "chat m"]
     assert len(chat) == 1 and semconv.OUTPUT_MESSAGES in chat[0].attributes
     assert r.trajectory is not None
+
+
+async def test_nobody_listening_no_span_is_made(server, monkeypatch):
+    """On tracerl's own provider with no processor added, calls are records only."""
+    made = []
+    monkeypatch.setattr(recorded.ModelCallSpan, "emit", lambda self, tracer, ids: made.append(self))
+    before = ti.get_tracer_provider()
+    quiet = recorded.CaptureTracerProvider()
+    processor.configure(quiet)
+    try:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        async with ti.rollout() as r:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "outside"}])
+        assert not recorded.listening(quiet) and made == []
+        assert r.trajectory.metrics["capture_model_calls"] == 1
+        quiet.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))  # now someone listens
+        async with ti.rollout():
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+        assert recorded.listening(quiet) and len(made) == 1
+    finally:
+        processor.configure(before)
