@@ -222,7 +222,7 @@ def main() -> None:
                 print(f"tracerl added / OpenInference added ({column}) = {ratio:.2f}")
         end_us = {name: statistics.median(values) for name, values in convert_us.items()}
         print(
-            f"tracerl work at rollout end (spans materialised + trajectory built, not in the rows above), median per call: "
+            f"tracerl work at rollout end (trajectory built, not in the rows above), median per call: "
             f"{end_us['tracerl']:.0f} µs; with token ids {end_us['tracerl+token_ids']:.0f} µs; every call captured: {all(captured)}"
         )
         total = None
