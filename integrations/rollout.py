@@ -96,6 +96,8 @@ class Rollout:
         self.trajectory: Trajectory | None = None
         self.id = uuid.uuid4().hex[:12]
         self._span: Any = None
+        self._gateway: tuple[str, str] | None = None
+        """(token, base URL) of this rollout's gateway, once opened (:attr:`gateway_url`)."""
         self._buffer: RolloutBuffer | None = None
         self._tokens: list[Any] = []
         self._trace_id: int | None = None
@@ -117,6 +119,52 @@ class Rollout:
     def buffer(self) -> RolloutBuffer | None:
         """What capture collected so far: the hooks' records of model calls, the finished spans."""
         return self._buffer
+
+    @property
+    def gateway_url(self) -> str:
+        """This rollout's own base URL on the model's tracerl endpoint (``.../rollouts/{token}/v1``).
+
+        Give it to an agent in another process or language as its OpenAI base URL (Anthropic's
+        SDK: without ``/v1``), with the endpoint's API key: every call made with it joins this
+        rollout's trajectory, with token ids.  Opened on first use; closed when the rollout ends
+        (later calls with it get a 404).  See :meth:`gateway_env`.
+        """
+        if self._gateway is None:
+            if self._span is None:
+                raise RuntimeError("open the rollout (async with / with) before asking for its gateway_url")
+            from .gateway import open_token
+
+            self._gateway = open_token(self.model)
+        return self._gateway[1]
+
+    @property
+    def gateway_headers(self) -> dict[str, str]:
+        """The header that joins a call on the plain ``/v1`` routes to this rollout (instead of the URL)."""
+        from .gateway import ROLLOUT_HEADER
+
+        self.gateway_url  # noqa: B018 - opens the gateway
+        return {ROLLOUT_HEADER: self._gateway[0]}  # type: ignore[index]
+
+    def gateway_env(self) -> dict[str, str]:
+        """Environment variables that point an agent's OpenAI and Anthropic SDKs at this rollout's
+        gateway: ``subprocess.run(cmd, env={**os.environ, **r.gateway_env()})``."""
+        url = self.gateway_url
+        key = str(getattr(self.model, "inference_api_key", None) or "")
+        return {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": key, "ANTHROPIC_BASE_URL": url.removesuffix("/v1"),
+                "ANTHROPIC_API_KEY": key, "TRACERL_ROLLOUT_URL": url}  # fmt: skip
+
+    def _collect_gateway(self) -> None:
+        """The gateway's calls become this rollout's records; a failure is an infrastructure failure."""
+        if self._gateway is None:
+            return
+        from . import faults
+        from .gateway import GatewayError, close_token, record_calls
+
+        token, url = self._gateway
+        try:
+            record_calls(close_token(self.model, token), url)
+        except Exception as error:  # noqa: BLE001 - lost calls: the rollout must raise, not train on the rest
+            faults.note_failure("model", url, error if isinstance(error, GatewayError) else GatewayError(repr(error)))
 
     @property
     def reward(self) -> float:
@@ -161,6 +209,7 @@ class Rollout:
         return self
 
     def _exit(self, error: BaseException | None) -> None:
+        self._collect_gateway()
         _current.reset(self._tokens.pop())
         infrastructure = self._infrastructure_error(error)
         trajectory: Trajectory | None = None

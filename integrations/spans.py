@@ -111,20 +111,21 @@ def start_chat_span(
     return span
 
 
-def finish_chat_span(span: Any, completion: Any) -> None:
+def finish_chat_span(span: Any, completion: Any, *, end_ns: int | None = None) -> None:
     """Record a (non-streamed) chat completion as ``span``'s answer, keep its token ids, end it."""
     outcome = chat_outcome(completion)
     answer = ChatAnswer(outcome.messages, outcome.finishes, outcome.response_id, outcome.model,
                         outcome.input_tokens, outcome.output_tokens)  # fmt: skip
-    end_chat_span(span, answer, tokens=outcome.tokens)
+    end_chat_span(span, answer, tokens=outcome.tokens, end_ns=end_ns)
 
 
-def end_chat_span(span: Any, answer: ChatAnswer, *, tokens: TokenIds | None = None) -> None:
+def end_chat_span(span: Any, answer: ChatAnswer, *, tokens: TokenIds | None = None, end_ns: int | None = None) -> None:
     """``span``'s answer (``tokens``: the first choice's exact ids, when the server sent them): the
-    converter's record of the call is built here, from the hook's own values; then the span ends."""
+    converter's record of the call is built here, from the hook's own values; then the span ends
+    (at ``end_ns``: now, unless the call ended elsewhere, e.g. on the gateway)."""
     span.answer = answer
     request: ChatRequest = span.request
-    now = time.time_ns()
+    now = end_ns or time.time_ns()
     if answer.messages:
         model, tools = request.kwargs.get("model"), request.kwargs.get("tools")
         response_id = str(answer.response_id) if answer.response_id else None

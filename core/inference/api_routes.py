@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..net.http_server import OpenAIError
 from . import messages_api, responses_api
+from .gateway import Gateway, add_gateway_routes
 
 CompleteChat = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 """A chat-completions request body -> its completion (raises :class:`OpenAIError` for a bad request)."""
@@ -29,8 +30,12 @@ async def _json(request: Request) -> Any:
         raise OpenAIError(f"the request body is not valid JSON: {error}") from error
 
 
-def add_api_routes(app: Any, complete: CompleteChat, *, stored_responses: int = responses_api.DEFAULT_STORED) -> None:
-    """Add the Responses and Messages routes to ``app``, answered through ``complete``."""
+def add_api_routes(app: Any, complete: CompleteChat, *, stored_responses: int = responses_api.DEFAULT_STORED) -> CompleteChat:
+    """Add the Responses and Messages routes and the rollout gateway (:mod:`.gateway`) to ``app``,
+    answered through ``complete``; returns ``complete`` as the gateway sees it, for the chat route."""
+    gateway = Gateway()
+    add_gateway_routes(app, gateway)
+    complete = gateway.wrap(complete)
     store = responses_api.ResponseStore(stored_responses)
     calls = messages_api.CallTexts()
 
@@ -54,3 +59,5 @@ def add_api_routes(app: Any, complete: CompleteChat, *, stored_responses: int = 
         if body.get("stream"):
             return StreamingResponse(messages_api.message_events(message), media_type="text/event-stream")
         return message
+
+    return complete

@@ -343,18 +343,19 @@ def build_app(server: TransformersServer) -> Any:
         ]
         return {"object": "list", "data": data}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        chat = parse_chat_request(await json_body(request))
-        completion = await server.complete(chat)
-        if chat.stream:
-            return StreamingResponse(stream_events(completion, chat.include_usage), media_type="text/event-stream")
-        return completion
-
     async def complete_chat(body: dict[str, Any]) -> dict[str, Any]:
         return await server.complete(parse_chat_request(body))
 
-    add_api_routes(app, complete_chat)
+    gated = add_api_routes(app, complete_chat)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        body = await json_body(request)
+        chat = parse_chat_request(body)  # a bad request is a 400 before anything else
+        completion = await gated(body)
+        if chat.stream:
+            return StreamingResponse(stream_events(completion, chat.include_usage), media_type="text/event-stream")
+        return completion
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:

@@ -97,6 +97,18 @@ def build_proxy(server: ProxiedServer) -> Any:
 
     base_names = {server.served_name, "base", str(server.model_path)}
 
+    async def complete_chat(body: dict[str, Any]) -> dict[str, Any]:
+        """A chat request through vLLM; vLLM's error as ours (its body kept for the chat route)."""
+        parse = prepare_chat_body(body, server.served_name, base_names | server.aliases)
+        response = await client().post("/v1/chat/completions", json=body)
+        if response.status_code != 200:
+            error = OpenAIError(_vllm_error(response.content)[1], status=response.status_code)
+            error.upstream = response.content
+            raise error
+        return finish_chat_body(response.json(), parse)
+
+    gated = add_api_routes(app, complete_chat)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         try:
@@ -107,24 +119,15 @@ def build_proxy(server: ProxiedServer) -> Any:
             raise OpenAIError("the request body must be a JSON object")
         stream = bool(body.pop("stream", False))  # answered as events of the finished completion
         include_usage = bool((body.pop("stream_options", None) or {}).get("include_usage"))
-        parse = prepare_chat_body(body, server.served_name, base_names | server.aliases)
-        response = await client().post("/v1/chat/completions", json=body)
-        if response.status_code != 200:
-            return _error_response(response.status_code, response.content)
-        completion = finish_chat_body(response.json(), parse)
+        try:
+            completion = await gated(body)
+        except OpenAIError as error:
+            if error.upstream is None:
+                raise
+            return _error_response(error.status, error.upstream)  # vLLM's own error body, as it sent it
         if stream:
             return StreamingResponse(stream_events(completion, include_usage), media_type="text/event-stream")
         return completion
-
-    async def complete_chat(body: dict[str, Any]) -> dict[str, Any]:
-        """A chat request the Responses or Messages route translated, through vLLM; its error as ours."""
-        parse = prepare_chat_body(body, server.served_name, base_names | server.aliases)
-        response = await client().post("/v1/chat/completions", json=body)
-        if response.status_code != 200:
-            raise OpenAIError(_vllm_error(response.content)[1], status=response.status_code)
-        return finish_chat_body(response.json(), parse)
-
-    add_api_routes(app, complete_chat)
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def forward(path: str, request: Request) -> Any:

@@ -51,6 +51,8 @@ class OpenAIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.upstream: bytes | None = None
+        """The error body an upstream server sent, when this error relays one (answered as it was)."""
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import json
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, TextIO
 
 import httpx
@@ -29,6 +30,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .. import __version__
 from ..errors import CheckpointError, ConfigError
+from ..inference.gateway import ROLLOUT_HEADER, ROLLOUTS_PATH, GatewayMiddleware
 from ..model import DEFAULT_BASE_PATH, TrainableModel
 from ..net.http_server import key_matches
 from ..net.untraced import untraced_fastapi
@@ -100,6 +102,10 @@ class _JSONErrorRoute(APIRoute):
         return guarded
 
 
+MAX_GATEWAYS = 10_000
+"""Open rollout gateway tokens remembered (the oldest forgotten first; its close then gets a 404)."""
+
+
 class _State:
     """The models served here (by name, as ``LocalBackend`` keys them), their train locks and recent train results."""
 
@@ -114,6 +120,8 @@ class _State:
         self.requested: dict[str, RegisterRequest] = {}  # as the client asked (base_model before the policy resolved it)
         self.locks: dict[str, asyncio.Lock] = {}
         self.register_lock = asyncio.Lock()
+        self.gateways: OrderedDict[str, TrainableModel] = OrderedDict()
+        """Open rollout gateway tokens -> the model whose inference server holds each (bounded)."""
         self._http: httpx.AsyncClient | None = None
 
     @property
@@ -313,6 +321,28 @@ def create_app(
             data += response.json().get("data", [])
         return {"object": "list", "data": data}
 
+    @router.post(ROLLOUTS_PATH)
+    async def open_gateway(request: Request) -> Response:
+        """A rollout gateway token on the inference server of the model named in the body (``core/inference/gateway.py``)."""
+        body = _parse_json(await request.body() or b"{}")
+        model = state.upstream(body.get("model"))
+        call = state.http.post(f"{model.inference_base_url}/tracerl/rollouts", headers=_upstream_headers(model))
+        response = await _upstream_call(call, state.inference_timeout)
+        if response.status_code == 200:
+            state.gateways[response.json()["token"]] = model
+            while len(state.gateways) > MAX_GATEWAYS:
+                state.gateways.popitem(last=False)
+        return Response(response.content, status_code=response.status_code, media_type="application/json")
+
+    @router.delete(ROLLOUTS_PATH + "/{token}")
+    async def close_gateway(token: str) -> Response:
+        model = state.gateways.pop(token, None)
+        if model is None:
+            raise ServeError(404, "not_found_error", "unknown or finished rollout token: open a new one")
+        call = state.http.delete(f"{model.inference_base_url}/tracerl/rollouts/{token}", headers=_upstream_headers(model))
+        response = await _upstream_call(call, state.inference_timeout)
+        return Response(response.content, status_code=response.status_code, media_type="application/json")
+
     for route in ("/chat/completions", "/completions", "/responses", "/messages"):  # OpenAI's, and Anthropic's Messages
 
         async def proxied(request: Request, route: str = route) -> Response:
@@ -322,6 +352,7 @@ def create_app(
 
     app.include_router(public)
     app.include_router(router)
+    app.add_middleware(GatewayMiddleware)  # /rollouts/{token}/v1/... is /v1/... with the rollout's header
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if access_log is not None:
         app.add_middleware(AccessLog, stream=access_log)  # added last, so outermost: it sees the 413s too
@@ -375,6 +406,8 @@ async def _proxy(state: _State, request: Request, route: str) -> Response:
         raise ServeError(400, "invalid_request_error", f"the request body is not a JSON object: {error}") from error
     model = state.upstream(requested)
     headers = {"content-type": "application/json", **_upstream_headers(model)}  # the caller's own token stays here
+    if request.headers.get(ROLLOUT_HEADER):
+        headers[ROLLOUT_HEADER] = request.headers[ROLLOUT_HEADER]  # the call joins that rollout upstream
     outgoing = state.http.build_request("POST", f"{model.inference_base_url}{route}", content=content, headers=headers)
     response = await _upstream_call(state.http.send(outgoing, stream=True), state.inference_timeout)
     return StreamingResponse(
