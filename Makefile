@@ -12,7 +12,7 @@ BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-docs demo test docs chaos bench clean
+.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-docs demo test docs chaos bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -76,10 +76,18 @@ install-jemalloc: $(STAMP)
 	     && { apt-get install -y -q libjemalloc2 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libjemalloc2 >/dev/null; }; }; } \
 	|| echo "note: no jemalloc (apt-get install libjemalloc2): the demo runs on glibc malloc, ~0.9 GB more peak memory"
 
+# the TypeScript agents' npm packages (examples/typescript: the openai client, LangGraph.js; Node >= 20),
+# exactly as package-lock.json pins them (~120 MB in examples/typescript/node_modules)
+TS_DIR := examples/typescript
+$(TS_DIR)/node_modules/.package-lock.json: $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
+	cd $(TS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+
+install-ts: $(TS_DIR)/node_modules/.package-lock.json
+
 demo: install-vllm install-jemalloc
 	$(BIN)/python examples/demo.py
 
-test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray install-docs
+test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray install-docs install-ts
 	$(BIN)/python -m pytest -q tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
@@ -105,4 +113,4 @@ bench: install-vllm install-valgrind $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) .tracerl site .docs-src
+	rm -rf $(VENV) $(SKY_VENV) .tracerl site .docs-src $(TS_DIR)/node_modules
