@@ -102,6 +102,10 @@ RESPONSES = Api(
     layer="openai_responses", provider="openai", request=api_shapes.responses_request, completion=api_shapes.responses_completion,
     accumulator=ResponseEvents, knob="the client's timeout, e.g. Model(inference_timeout=...)",
 )  # fmt: skip
+LITELLM_RESPONSES = Api(
+    layer="litellm_responses", provider="litellm", request=api_shapes.responses_request,
+    completion=api_shapes.responses_completion, accumulator=ResponseEvents, knob="litellm's timeout=...",
+)  # fmt: skip
 MESSAGES = Api(
     layer="anthropic", provider="anthropic", request=api_shapes.messages_request,
     completion=lambda message, _chat: api_shapes.messages_completion(message), accumulator=MessageEvents,
@@ -109,17 +113,27 @@ MESSAGES = Api(
 )  # fmt: skip
 
 
-def _begin(api: Api, resource: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, CallRecord, dict[str, Any]]:
+def sdk_endpoint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """(base URL, timeout) of an SDK method's call: its resource's client (``args[0]``)."""
+    client = RESOURCE_CLIENT.of(args[0])
+    return getattr(client, "base_url", None), getattr(client, "timeout", None)
+
+
+def litellm_endpoint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """(base URL, timeout) of a LiteLLM function's call: its keyword arguments."""
+    return kwargs.get("api_base") or kwargs.get("base_url"), None
+
+
+def _begin(api: Api, endpoint: tuple[Any, Any], kwargs: dict[str, Any]) -> tuple[Any, Any, CallRecord, dict[str, Any]]:
     span = token = None
     chat: dict[str, Any] = {}
-    client = RESOURCE_CLIENT.of(resource)
-    base_url = getattr(client, "base_url", None)
+    base_url, client_timeout = endpoint
     timeout = kwargs.get("timeout")
     try:
         chat = api.request(kwargs)
     except Exception as error:  # noqa: BLE001 - a request capture cannot read still goes out
         record_error(f"{api.layer}_request", error)
-    call = CallRecord(base_url, chat or kwargs, getattr(client, "timeout", None) if timeout is None else timeout, api.knob)
+    call = CallRecord(base_url or api.provider, chat or kwargs, client_timeout if timeout is None else timeout, api.knob)
     if not chat:
         return span, token, call, chat
     try:
@@ -142,14 +156,20 @@ def _respond(api: Api, span: Any, result: Any, call: CallRecord, chat: dict[str,
             recorder = (StreamRecorder if name == "Stream" else AsyncStreamRecorder)(result, span, api.layer, api.accumulator(api, chat))
             recorder.on_end = call.ended
             return recorder
-        finish_chat_span(span, api.completion(result, chat))
+        if chat.get("stream"):  # a stream of another kind (LiteLLM's): not re-assembled, the rollout warns of it
+            span.end()
+            record_error(f"{api.layer}_stream_not_captured")
+        else:
+            finish_chat_span(span, api.completion(result, chat))
     except Exception as error:  # noqa: BLE001 - as ``guard``
         record_error(f"{api.layer}_response", error)
     call.ended()
     return result
 
 
-def wrap_create(api: Api, original: Any, is_async: bool) -> Any:
+def wrap_create(api: Api, original: Any, is_async: bool, endpoint: Callable[..., tuple[Any, Any]] = sdk_endpoint) -> Any:
+    """``original`` (an SDK's ``create`` method, or a LiteLLM function with ``endpoint=litellm_endpoint``) recorded."""
+
     def fail(token: Any, call: CallRecord, span: Any, error: BaseException) -> None:
         detach_context(token)
         call.returned()
@@ -159,10 +179,10 @@ def wrap_create(api: Api, original: Any, is_async: bool) -> Any:
     if is_async:
 
         @functools.wraps(original)
-        async def create_async(self: Any, *args: Any, **kwargs: Any) -> Any:
-            span, token, call, chat = _begin(api, self, kwargs)
+        async def create_async(*args: Any, **kwargs: Any) -> Any:
+            span, token, call, chat = _begin(api, endpoint(args, kwargs), kwargs)
             try:
-                result = await original(self, *args, **kwargs)
+                result = await original(*args, **kwargs)
             except BaseException as error:
                 fail(token, call, span, error)
                 raise
@@ -173,10 +193,10 @@ def wrap_create(api: Api, original: Any, is_async: bool) -> Any:
         return create_async
 
     @functools.wraps(original)
-    def create(self: Any, *args: Any, **kwargs: Any) -> Any:
-        span, token, call, chat = _begin(api, self, kwargs)
+    def create(*args: Any, **kwargs: Any) -> Any:
+        span, token, call, chat = _begin(api, endpoint(args, kwargs), kwargs)
         try:
-            result = original(self, *args, **kwargs)
+            result = original(*args, **kwargs)
         except BaseException as error:
             fail(token, call, span, error)
             raise
@@ -199,7 +219,8 @@ class _MessageStreamManager:
         self._stream: Any = None
 
     def _start(self) -> None:
-        self._span, token, self._call, self._chat = _begin(MESSAGES, self._resource, {**self._kwargs, "stream": True})
+        self._span, token, self._call, self._chat = _begin(MESSAGES, sdk_endpoint((self._resource,), self._kwargs),
+                                                           {**self._kwargs, "stream": True})  # fmt: skip
         detach_context(token)  # the stream is consumed inside the caller's block: its spans are siblings
 
     def _end(self, error: BaseException | None) -> None:
@@ -257,3 +278,9 @@ def wrap_stream(original: Any) -> Any:
         return _MessageStreamManager(original(self, *args, **kwargs), kwargs, self)
 
     return stream
+
+
+LITELLM_MESSAGES = Api(
+    layer="litellm_anthropic", provider="litellm", request=api_shapes.messages_request,
+    completion=MESSAGES.completion, accumulator=MessageEvents, knob="litellm's timeout=...",
+)

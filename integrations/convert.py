@@ -27,7 +27,8 @@ from .health import record_error
 from .input_delta import base_of
 from .messages import canonical, from_openinference, from_semconv
 
-LAYER_PRIORITY = {"openai": 0, "openai_responses": 0, "anthropic": 0, "litellm": 1, "langchain": 2}
+LAYER_PRIORITY = {"openai": 0, "openai_responses": 0, "anthropic": 0, "gateway": 0, "litellm": 1, "litellm_responses": 1,
+                  "litellm_anthropic": 1, "langchain": 2}  # fmt: skip
 """Which layer's record of a request is kept (closest to the wire first)."""
 GENAI_PRIORITY = 3
 _OPENINFERENCE_PRIORITY = 4
@@ -437,10 +438,6 @@ def _join_records(calls: list[ModelCall], records: Iterable[Any], tally: _ErrorT
             record = record or by_span.get(alias)
         if record is None and call.response_id:
             record = by_response.get(call.response_id)
-            if record is None:
-                from .processor import get_processor
-
-                record = get_processor().take_orphan_record(call.response_id)
         if record is not None and record.token_ids is not None and record.logprobs is not None:
             if len(record.token_ids) != len(record.logprobs):
                 tally.add("token_record_length", ValueError("token_ids and logprobs differ in length"))

@@ -1,4 +1,5 @@
-"""Hook for LiteLLM: ``litellm.completion`` / ``litellm.acompletion`` (streaming included).
+"""Hook for LiteLLM: ``litellm.completion`` / ``litellm.acompletion`` (streaming included), and the
+Responses and Anthropic routes (``responses`` / ``aresponses``, ``anthropic_messages``; not streamed).
 
 Patches the module attributes, so enable it before ``from litellm import acompletion``
 (``litellm.acompletion(...)`` always goes through the hook).  Requests to a
@@ -109,13 +110,20 @@ def _wrap_async(original: Any) -> Any:
 
 
 def instrument() -> bool:
-    """Patch ``litellm.completion`` and ``litellm.acompletion``; idempotent."""
+    """Patch ``litellm.completion`` / ``acompletion``, and its Responses (``responses`` / ``aresponses``) and
+    Anthropic (``anthropic_messages``) routes; idempotent."""
     try:
         import litellm
     except ImportError:
         return False
     _patches.apply(litellm, "completion", _wrap_sync)
     _patches.apply(litellm, "acompletion", _wrap_async)
+    from .api_hooks import LITELLM_MESSAGES, LITELLM_RESPONSES, litellm_endpoint, wrap_create
+
+    for name, api, is_async in (("responses", LITELLM_RESPONSES, False), ("aresponses", LITELLM_RESPONSES, True),
+                                ("anthropic_messages", LITELLM_MESSAGES, True)):  # fmt: skip
+        if hasattr(litellm, name):
+            _patches.apply(litellm, name, lambda original, api=api, is_async=is_async: wrap_create(api, original, is_async, litellm_endpoint))
     return True
 
 

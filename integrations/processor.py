@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +22,6 @@ from .recorded import CaptureTracerProvider, ModelCallSpan, PresetIds, emit_all,
 
 DEFAULT_MAX_SPANS = 20_000
 DEFAULT_MAX_ROLLOUTS = 10_000
-_ORPHAN_RECORDS = 256
 
 
 @dataclass
@@ -68,7 +66,6 @@ class CaptureProcessor(SpanProcessor):
         self.max_spans_per_rollout = max_spans_per_rollout
         self.max_rollouts = max_rollouts
         self._buffers: dict[int, RolloutBuffer] = {}
-        self._orphans: OrderedDict[str, TokenRecord] = OrderedDict()
         self._lock = threading.Lock()
         self.rejected_rollouts = 0
 
@@ -90,22 +87,6 @@ class CaptureProcessor(SpanProcessor):
     def active_rollouts(self) -> int:
         return len(self._buffers)
 
-    # -- token records --------------------------------------------------------------------
-    def keep_orphan_record(self, record: TokenRecord) -> None:
-        """The token ids of a call outside every rollout: a few are kept, joinable by response id
-        (another instrumentor's span of the same call may be in a rollout)."""
-        if record.response_id:
-            with self._lock:
-                self._orphans[record.response_id] = record
-                while len(self._orphans) > _ORPHAN_RECORDS:
-                    self._orphans.popitem(last=False)
-
-    def take_orphan_record(self, response_id: str) -> TokenRecord | None:
-        if not self._orphans:  # the usual case (every call inside a rollout): no lock to take
-            return None
-        with self._lock:
-            return self._orphans.pop(response_id, None)
-
     # -- SpanProcessor ----------------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         layers.on_start(span, parent_context)  # one request seen by two layers: the outer one is a span
@@ -122,17 +103,14 @@ class CaptureProcessor(SpanProcessor):
     def add_call(self, call: ModelCallSpan) -> None:
         """A hooked model call ended: to its rollout's buffer (what :meth:`on_end` does for a span).
 
-        A call outside every rollout (or ending after its rollout did) becomes a span now when
-        something listens, and leaves its token ids joinable by response id."""
+        A call outside every rollout (or ending after its rollout did) becomes a span now, when
+        something listens."""
         layers.note_model_call_end(call.context.span_id, call.parent)
         try:
             buffer = self._buffers.get(call.context.trace_id)
             if buffer is not None:
                 buffer.add_call(call)
                 return
-            record = getattr(call.call, "record", None)
-            if record is not None:
-                self.keep_orphan_record(record)
             if listening(_provider):
                 emit_all([call], get_tracer(), get_span_ids())
         except Exception as error:  # noqa: BLE001 - as on_end

@@ -133,12 +133,46 @@ async def agents_sdk_agent(model, a: int, b: int) -> float:
     return float(str(a + b) in str(result.final_output))
 
 
+def _get(item, key):
+    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
+
+
+async def litellm_responses_agent(model, a: int, b: int) -> float:
+    """One call on LiteLLM's Responses route (``litellm.aresponses``), to tracerl's ``/v1/responses``."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    tools = [{"type": "function", "name": "add", "description": "Add two integers.", "parameters": SCHEMA}]
+    response = await litellm.aresponses(
+        model=f"openai/{model.get_inference_name()}", input=responses_input(a, b), instructions=SYSTEM, tools=tools,
+        max_output_tokens=40, temperature=1.0, api_base=model.inference_base_url, api_key=model.inference_api_key,
+    )  # fmt: skip
+    calls = [item for item in _get(response, "output") or () if _get(item, "type") == "function_call"]
+    return float(bool(calls) and _get(calls[0], "arguments") == json.dumps({"a": a, "b": b}))
+
+
+async def litellm_messages_agent(model, a: int, b: int) -> float:
+    """One call on LiteLLM's Anthropic route (``litellm.anthropic_messages``), to tracerl's ``/v1/messages``."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    message = await litellm.anthropic_messages(
+        model=f"anthropic/{model.get_inference_name()}", messages=anthropic_messages(a, b), system=SYSTEM, max_tokens=40,
+        tools=[{"name": "add", "description": "Add two integers.", "input_schema": SCHEMA}],
+        api_base=model.inference_base_url.removesuffix("/v1"), api_key=model.inference_api_key,
+    )  # fmt: skip
+    uses = [block for block in _get(message, "content") or () if _get(block, "type") == "tool_use"]
+    return float(bool(uses) and _get(uses[0], "input") == {"a": a, "b": b})
+
+
 AGENTS = {
     "agents.Runner.run": agents_sdk_agent,
     "responses.create": lambda model, a, b: responses_agent(model, a, b, stream=False),
     "responses.stream": lambda model, a, b: responses_agent(model, a, b, stream=True),
     "messages.create": lambda model, a, b: anthropic_agent(model, a, b, stream=False),
     "messages.stream": lambda model, a, b: anthropic_agent(model, a, b, stream=True),
+    "litellm.aresponses": litellm_responses_agent,
+    "litellm.anthropic_messages": litellm_messages_agent,
 }
 
 
