@@ -1,11 +1,11 @@
-"""Hooks for OpenAI's Responses API and Anthropic's Messages API.
+"""The wrapper every model-call hook uses, and the APIs it reads: chat completions, OpenAI's Responses
+API, Anthropic's Messages API, legacy completions (OpenAI SDK, ``anthropic`` SDK, LiteLLM).
 
-``client.responses.create`` / ``responses.stream`` (OpenAI SDK, sync and async) and
-``client.messages.create`` / ``messages.stream`` (``anthropic`` SDK, sync and async) are recorded
-as chat-completion calls are: one ``chat {model}`` span per call, the conversation and answer in
-chat shape (:mod:`.api_shapes`), and, from a tracerl endpoint, the sampled token ids and logprobs
-the answer carries.  So a trajectory of an agent on either API is the same ``Trajectory`` a
-chat-completions agent yields, and ``backend.train`` trains on it unchanged.
+Every hooked call is one record, opened before the call and ended with its answer (or as its
+stream ends): the conversation and answer in chat shape (:mod:`.api_shapes` translates the other
+APIs), and, from a tracerl endpoint, the sampled token ids and logprobs the answer carries.  So a
+trajectory of an agent on any of them is the same ``Trajectory``, and ``backend.train`` trains on
+it unchanged.
 
 A call whose request cannot be read (a shape :mod:`.api_shapes` does not know) goes on untouched
 and is counted (``capture_error_counts``); the rollout then warns that it missed a call.  A
@@ -26,8 +26,8 @@ from . import api_shapes
 from .endpoints import is_tracerl_endpoint
 from .health import guard, record_error
 from .model_calls import RESOURCE_CLIENT, CallRecord, detach_context, end_span_with_error
-from .spans import end_with_error, finish_chat_span, start_chat_span
-from .streams import AsyncStreamRecorder, StreamRecorder
+from .spans import end_with_error, finish_chat_span, given, start_chat_span
+from .streams import AsyncStreamRecorder, ChunkAccumulator, StreamRecorder
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,14 @@ class Api:
     """``create``'s keyword arguments -> chat keyword arguments (the whole conversation)."""
     completion: Callable[[Any, dict[str, Any]], dict[str, Any]]
     """A finished answer and the chat request -> a chat completion."""
-    accumulator: Callable[["Api", dict[str, Any]], Any]
-    """A new re-assembler of the API's stream events (``add(event)``, ``finish(span)``)."""
+    accumulator: Callable[["Api", dict[str, Any]], Any] | None
+    """A new re-assembler of the API's stream events (``add(event)``, ``finish(span)``); None: streams not captured."""
     knob: str
+    prepare: Callable[[dict[str, Any], Any], bool] | None = None
+    """Asks a tracerl endpoint (base URL) for token ids in ``create``'s keyword arguments, where the API
+    must ask for them; returns whether it did."""
+    positional: tuple[str, ...] = ()
+    """Names of a function's leading positional parameters (``litellm.completion(model, messages)``)."""
 
 
 class _FinalAnswer:
@@ -104,7 +109,7 @@ RESPONSES = Api(
 )  # fmt: skip
 LITELLM_RESPONSES = Api(
     layer="litellm_responses", provider="litellm", request=api_shapes.responses_request,
-    completion=api_shapes.responses_completion, accumulator=ResponseEvents, knob="litellm's timeout=...",
+    completion=api_shapes.responses_completion, accumulator=None, knob="litellm's timeout=...", positional=("input", "model"),
 )  # fmt: skip
 MESSAGES = Api(
     layer="anthropic", provider="anthropic", request=api_shapes.messages_request,
@@ -129,8 +134,10 @@ def _begin(api: Api, endpoint: tuple[Any, Any], kwargs: dict[str, Any]) -> tuple
     chat: dict[str, Any] = {}
     base_url, client_timeout = endpoint
     timeout = kwargs.get("timeout")
+    requested = False
     try:
         chat = api.request(kwargs)
+        requested = api.prepare(kwargs, base_url) if api.prepare is not None else is_tracerl_endpoint(base_url)
     except Exception as error:  # noqa: BLE001 - a request capture cannot read still goes out
         record_error(f"{api.layer}_request", error)
     call = CallRecord(base_url or api.provider, chat or kwargs, client_timeout if timeout is None else timeout, api.knob)
@@ -139,28 +146,38 @@ def _begin(api: Api, endpoint: tuple[Any, Any], kwargs: dict[str, Any]) -> tuple
     try:
         current = otel_context.get_current()
         span = start_chat_span(api.layer, chat, provider=api.provider, base_url=base_url,
-                               token_ids_requested=is_tracerl_endpoint(base_url), context=current)  # fmt: skip
+                               token_ids_requested=requested, context=current)  # fmt: skip
         token = otel_context.attach(trace.set_span_in_context(span, current))
     except Exception as error:  # noqa: BLE001 - as ``guard``
         record_error(f"{api.layer}_request", error)
     return span, token, call, chat
 
 
-def _respond(api: Api, span: Any, result: Any, call: CallRecord, chat: dict[str, Any]) -> Any:
+def _parsed(result: Any) -> Any:
+    """The answer behind a raw response (``with_raw_response``), else the result."""
+    if type(result).__name__ == "LegacyAPIResponse" and hasattr(result, "parse"):
+        return result.parse()
+    return result
+
+
+def _respond(api: Api, span: Any, result: Any, call: CallRecord, chat: dict[str, Any], is_async: bool) -> Any:
+    """What the caller gets back: ``result``, or a recorder that ends the call's record as it streams."""
     if span is None:
         call.ended()
         return result
     try:
-        name = type(result).__name__
-        if name in ("Stream", "AsyncStream"):
-            recorder = (StreamRecorder if name == "Stream" else AsyncStreamRecorder)(result, span, api.layer, api.accumulator(api, chat))
-            recorder.on_end = call.ended
+        value = _parsed(result)
+        if not chat.get("stream"):
+            finish_chat_span(span, api.completion(value, chat))
+        elif value is not result:  # a raw streaming response: the request side only
+            span.end()
+        elif api.accumulator is not None:
+            recorder = (AsyncStreamRecorder if is_async else StreamRecorder)(result, span, api.layer, api.accumulator(api, chat))
+            recorder.on_end = call.ended  # a stream that breaks is a failed call too
             return recorder
-        if chat.get("stream"):  # a stream of another kind (LiteLLM's): not re-assembled, the rollout warns of it
+        else:  # a stream not re-assembled (LiteLLM's Responses / Anthropic routes, legacy completions'): the rollout warns
             span.end()
             record_error(f"{api.layer}_stream_not_captured")
-        else:
-            finish_chat_span(span, api.completion(result, chat))
     except Exception as error:  # noqa: BLE001 - as ``guard``
         record_error(f"{api.layer}_response", error)
     call.ended()
@@ -168,7 +185,8 @@ def _respond(api: Api, span: Any, result: Any, call: CallRecord, chat: dict[str,
 
 
 def wrap_create(api: Api, original: Any, is_async: bool, endpoint: Callable[..., tuple[Any, Any]] = sdk_endpoint) -> Any:
-    """``original`` (an SDK's ``create`` method, or a LiteLLM function with ``endpoint=litellm_endpoint``) recorded."""
+    """``original`` (an SDK's ``create`` method, or a LiteLLM function with ``endpoint=litellm_endpoint``),
+    each call recorded: its record opened before it, ended with its answer (or its stream's)."""
 
     def fail(token: Any, call: CallRecord, span: Any, error: BaseException) -> None:
         detach_context(token)
@@ -180,6 +198,7 @@ def wrap_create(api: Api, original: Any, is_async: bool, endpoint: Callable[...,
 
         @functools.wraps(original)
         async def create_async(*args: Any, **kwargs: Any) -> Any:
+            args = _keywords(api, args, kwargs)
             span, token, call, chat = _begin(api, endpoint(args, kwargs), kwargs)
             try:
                 result = await original(*args, **kwargs)
@@ -188,12 +207,14 @@ def wrap_create(api: Api, original: Any, is_async: bool, endpoint: Callable[...,
                 raise
             detach_context(token)
             call.returned()
-            return _respond(api, span, result, call, chat)
+            return _respond(api, span, result, call, chat, True)
 
+        create_async.__tracerl_original__ = original  # type: ignore[attr-defined]
         return create_async
 
     @functools.wraps(original)
     def create(*args: Any, **kwargs: Any) -> Any:
+        args = _keywords(api, args, kwargs)
         span, token, call, chat = _begin(api, endpoint(args, kwargs), kwargs)
         try:
             result = original(*args, **kwargs)
@@ -202,9 +223,17 @@ def wrap_create(api: Api, original: Any, is_async: bool, endpoint: Callable[...,
             raise
         detach_context(token)
         call.returned()
-        return _respond(api, span, result, call, chat)
+        return _respond(api, span, result, call, chat, False)
 
+    create.__tracerl_original__ = original  # type: ignore[attr-defined]
     return create
+
+
+def _keywords(api: Api, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Leading positional arguments named in ``api.positional`` moved into ``kwargs``; the rest."""
+    for name, value in zip(api.positional, args):
+        kwargs.setdefault(name, value)
+    return args[len(api.positional) :] if api.positional else args
 
 
 class _MessageStreamManager:
@@ -282,5 +311,48 @@ def wrap_stream(original: Any) -> Any:
 
 LITELLM_MESSAGES = Api(
     layer="litellm_anthropic", provider="litellm", request=api_shapes.messages_request,
-    completion=MESSAGES.completion, accumulator=MessageEvents, knob="litellm's timeout=...",
-)
+    completion=MESSAGES.completion, accumulator=None, knob="litellm's timeout=...", positional=("max_tokens", "messages", "model"),
+)  # fmt: skip
+
+
+def prepare_request(kwargs: dict[str, Any], base_url: Any) -> bool:
+    """Ask a tracerl endpoint for token ids and logprobs on a chat completion; returns whether it did
+    (tracerl's servers send them anyway; another endpoint registered as tracerl's may not)."""
+    if not is_tracerl_endpoint(base_url):
+        return False
+    extra_body = kwargs.get("extra_body")
+    kwargs["extra_body"] = {"return_token_ids": True, **(extra_body if isinstance(extra_body, dict) else {})}
+    if kwargs.get("logprobs") in (None, False) or not given(kwargs.get("logprobs")):
+        kwargs["logprobs"] = True
+    return True
+
+
+def _ask_for_tokens(kwargs: dict[str, Any], base_url: Any) -> bool:
+    """Legacy completions return token ids and logprobs only when asked (``logprobs=0``: the sampled ones)."""
+    if not is_tracerl_endpoint(base_url):
+        return False
+    kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), "return_token_ids": True}
+    if not given(kwargs.get("logprobs")):
+        kwargs["logprobs"] = 0
+    return True
+
+
+COMPLETIONS = Api(
+    layer="openai_completions", provider="openai", request=api_shapes.completions_request,
+    completion=api_shapes.completions_completion, accumulator=None, knob=RESPONSES.knob, prepare=_ask_for_tokens,
+)  # fmt: skip
+
+
+def _chat_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return kwargs  # already chat keyword arguments (start_chat_span snapshots them)
+
+
+CHAT = Api(
+    layer="openai", provider="openai", request=_chat_kwargs, completion=lambda completion, _chat: completion,
+    accumulator=lambda _api, _chat: ChunkAccumulator(), knob=RESPONSES.knob, prepare=prepare_request,
+)  # fmt: skip
+LITELLM_CHAT = Api(
+    layer="litellm", provider="litellm", request=_chat_kwargs, completion=CHAT.completion, accumulator=CHAT.accumulator,
+    knob="litellm's timeout=..., e.g. Model(inference_timeout=...) via litellm_completion_params()",
+    prepare=prepare_request, positional=("model", "messages"),
+)  # fmt: skip

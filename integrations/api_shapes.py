@@ -132,3 +132,33 @@ def messages_completion(message: Any) -> dict[str, Any]:
             calls.append({"id": call_id, "type": "function", "function": {"name": field(block, "name"), "arguments": arguments}})
     finish = {"tool_use": "tool_calls", "max_tokens": "length"}.get(str(field(message, "stop_reason")), "stop")
     return _completion(message, texts, calls, finish)
+
+
+# -- OpenAI legacy Completions ---------------------------------------------------------------------------------
+def completions_request(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Chat keyword arguments for ``completions.create(prompt=...)``: the prompt as one user message
+    (its exact tokens are the ``prompt_token_ids`` the endpoint returns)."""
+    prompt = kwargs.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise TypeError("only a text prompt is captured (a batch or token ids is not)")
+    return {"model": kwargs.get("model"), "messages": [{"role": "user", "content": prompt}], "stream": kwargs.get("stream")}
+
+
+def completions_completion(completion: Any, _chat: dict[str, Any]) -> dict[str, Any]:
+    """A text ``Completion`` as a chat completion: its first choice's text, token ids and logprobs."""
+    first = (field(completion, "choices") or [None])[0]
+    answer = {"id": field(completion, "id"), "model": field(completion, "model"), "usage": None}
+    usage = field(completion, "usage")
+    chat = _completion(answer, [field(first, "text") or ""], [], str(field(first, "finish_reason") or "stop"))
+    chat["usage"] = {"prompt_tokens": field(usage, "prompt_tokens"), "completion_tokens": field(usage, "completion_tokens")}
+    ids, prompt_ids = extra_field(first, "token_ids"), extra_field(completion, "prompt_token_ids") or extra_field(first, "prompt_token_ids")
+    logprobs = field(field(first, "logprobs"), "token_logprobs")
+    if ids is not None:
+        chat["choices"][0]["token_ids"] = list(ids)
+    if prompt_ids is not None:
+        chat["prompt_token_ids"] = list(prompt_ids)
+    if logprobs is not None:
+        chat["choices"][0]["logprobs"] = {"content": [{"logprob": float(value)} for value in logprobs]}
+    return chat

@@ -27,7 +27,7 @@ from .health import record_error
 from .input_delta import base_of
 from .messages import canonical, from_openinference, from_semconv
 
-LAYER_PRIORITY = {"openai": 0, "openai_responses": 0, "anthropic": 0, "gateway": 0, "litellm": 1, "litellm_responses": 1,
+LAYER_PRIORITY = {"openai": 0, "openai_responses": 0, "openai_completions": 0, "anthropic": 0, "gateway": 0, "litellm": 1, "litellm_responses": 1,
                   "litellm_anthropic": 1, "langchain": 2}  # fmt: skip
 """Which layer's record of a request is kept (closest to the wire first)."""
 GENAI_PRIORITY = 3

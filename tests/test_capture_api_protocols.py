@@ -219,3 +219,19 @@ async def test_one_training_step_on_the_captured_trajectories(served, captured):
     result = await backend.train(model, groups, learning_rate=1e-5)
     assert result.step == 1 and Path(result.checkpoint_path).exists()
     assert result.metrics.get("trained_tokens", 0) > 0 and result.metrics.get("num_groups_trainable", 0) == len(groups)
+
+
+async def test_legacy_completions_become_a_turn_with_the_sampled_tokens(served):
+    """``completions.create(prompt=...)``: the prompt is the user message, the text the sampled turn."""
+    from openai import AsyncOpenAI
+
+    model, _, _ = served
+    client = AsyncOpenAI(base_url=model.inference_base_url, api_key=model.inference_api_key, max_retries=0)
+    async with tracerl.rollout(model) as r:
+        completion = await client.completions.create(model=model.get_inference_name(), prompt="The capital of France is", max_tokens=6)
+    (turn,) = r.trajectory.sampled_turns()
+    choice = completion.choices[0]
+    assert r.trajectory.messages()[0] == {"role": "user", "content": "The capital of France is"}
+    assert turn.message["content"] == choice.text and turn.token_ids == choice.model_extra["token_ids"]
+    assert turn.prompt_token_ids == choice.model_extra["prompt_token_ids"]  # on the choice, as vLLM puts it
+    assert turn.logprobs == choice.logprobs.token_logprobs and len(turn.logprobs) == len(turn.token_ids)
