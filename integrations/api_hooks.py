@@ -343,16 +343,12 @@ COMPLETIONS = Api(
 )  # fmt: skip
 
 
-def _chat_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return kwargs  # already chat keyword arguments (start_chat_span snapshots them)
-
-
 CHAT = Api(
-    layer="openai", provider="openai", request=_chat_kwargs, completion=lambda completion, _chat: completion,
+    layer="openai", provider="openai", request=lambda kwargs: kwargs, completion=lambda completion, _chat: completion,
     accumulator=lambda _api, _chat: ChunkAccumulator(), knob=RESPONSES.knob, prepare=prepare_request,
 )  # fmt: skip
 LITELLM_CHAT = Api(
-    layer="litellm", provider="litellm", request=_chat_kwargs, completion=CHAT.completion, accumulator=CHAT.accumulator,
+    layer="litellm", provider="litellm", request=CHAT.request, completion=CHAT.completion, accumulator=CHAT.accumulator,
     knob="litellm's timeout=..., e.g. Model(inference_timeout=...) via litellm_completion_params()",
     prepare=prepare_request, positional=("model", "messages"),
 )  # fmt: skip

@@ -8,8 +8,6 @@ attributes.
 
 from __future__ import annotations
 
-import functools
-import operator
 from typing import Any, NamedTuple
 
 
@@ -22,60 +20,28 @@ def field(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
-@functools.lru_cache(maxsize=256)
-def _model_fields(kind: type) -> Any:
-    """A pydantic class's field names (pydantic 2.11 makes ``model_fields`` a computed property)."""
-    fields = getattr(kind, "model_fields", None)
-    return frozenset(fields) if fields is not None else None
-
-
 def extra_field(obj: Any, name: str) -> Any:
-    """A field a server added beyond the OpenAI schema (pydantic extra, dict key, attribute).
-
-    Pydantic models are read through ``model_extra`` / ``model_fields`` so that absent
-    names cost a dict lookup, not a raised-and-caught ``AttributeError``.
-    """
+    """A field a server added beyond the OpenAI schema: a pydantic model's extra (``model_extra``), a
+    dict key or an attribute, else LiteLLM's ``provider_specific_fields``."""
     if obj is None:
         return None
     if isinstance(obj, dict):
         return obj.get(name)
-    fields = _model_fields(type(obj))
-    if fields is not None:
-        extra = getattr(obj, "__pydantic_extra__", None) or {}  # what ``model_extra`` returns, without its property call
-        if name in extra:
-            return extra[name]
-        if name in fields:
-            return getattr(obj, name)
-        specific = extra.get("provider_specific_fields")
-        if specific is None and "provider_specific_fields" in fields:
-            specific = obj.provider_specific_fields
-        return specific.get(name) if isinstance(specific, dict) else None
-    value = getattr(obj, name, None)
+    value = (getattr(obj, "model_extra", None) or {}).get(name)
+    if value is None:
+        value = getattr(obj, name, None)
     if value is None:
         specific = getattr(obj, "provider_specific_fields", None)
-        if isinstance(specific, dict):
-            value = specific.get(name)
+        value = specific.get(name) if isinstance(specific, dict) else None
     return value
 
 
-_LOGPROB_KEY = operator.itemgetter("logprob")
-_LOGPROB_ATTRIBUTE = operator.attrgetter("logprob")
-
-
 def logprob_values(logprobs: Any) -> list[float] | None:
-    """The sampled tokens' logprobs of a choice's ``logprobs`` (None when it has none).
-
-    One entry per completion token: read by ``map`` (a loop in C) with the getter the first entry
-    needs; entries of mixed kinds take the per-entry loop.
-    """
-    content = logprobs.get("content") if isinstance(logprobs, dict) else getattr(logprobs, "content", None)
+    """The sampled tokens' logprobs of a choice's ``logprobs`` (None when it has none)."""
+    content = field(logprobs, "content")
     if not content:
         return None
-    getter = _LOGPROB_KEY if isinstance(content[0], dict) else _LOGPROB_ATTRIBUTE
-    try:
-        return list(map(float, map(getter, content)))
-    except (AttributeError, KeyError, TypeError):
-        return [float(e["logprob"] if isinstance(e, dict) else e.logprob) for e in content]
+    return [float(field(entry, "logprob")) for entry in content]
 
 
 def ints(values: Any) -> list[int] | None:

@@ -24,13 +24,8 @@ def record_error(kind: str, error: BaseException | None = None) -> None:
             first = kind not in _logged
             _logged.add(kind)
         if first:
-            logger.warning(
-                "tracerl capture error (%s): %r; the agent is unaffected, further %s errors are only counted",
-                kind,
-                error,
-                kind,
-                exc_info=error,
-            )
+            logger.warning("tracerl capture error (%s): %r; the agent is unaffected, further %s errors are only counted",
+                           kind, error, kind, exc_info=error)  # fmt: skip
     except Exception:  # noqa: BLE001 - the error path itself must not raise
         pass
 

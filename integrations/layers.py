@@ -106,7 +106,7 @@ def note_start(parent: Any, span_id: int, *, parent_is_plain: bool = False) -> N
         enclosing = _running_langchain_call(span_id)
         parent_id = parent.get_span_context().span_id if parent is not None else None
         outer = parent_id is not None and not parent_is_plain and (
-            parent_id in _model_calls or _describes_model_call(parent)
+            parent_id in _model_calls or is_model_call_attributes(getattr(parent, "attributes", None))
         )
         with _lock:  # one acquisition for what this start teaches
             _store(_model_calls, span_id, None)
@@ -175,10 +175,6 @@ def forget() -> None:
         _model_calls.clear()
         _outer.clear()
         _parents.clear()
-
-
-def _describes_model_call(span: Any) -> bool:
-    return is_model_call_attributes(getattr(span, "attributes", None))
 
 
 def _remember(store: OrderedDict[int, Any], key: int, value: Any) -> None:

@@ -55,10 +55,6 @@ def to_semconv(message: Any) -> dict[str, Any]:
     return out
 
 
-def to_semconv_list(messages: Any) -> list[dict[str, Any]]:
-    return [to_semconv(m) for m in messages]
-
-
 def from_semconv(message: Mapping[str, Any]) -> dict[str, Any]:
     """A semconv message back to an OpenAI-format message dict."""
     role = message.get("role", "user")

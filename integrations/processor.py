@@ -17,8 +17,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from . import layers, semconv
-from .health import record_error
-from .recorded import CaptureTracerProvider, ModelCallSpan, PresetIds, emit_all, install_preset_ids, listening
+from .health import guard, record_error
+from .recorded import CaptureTracerProvider, ModelCallSpan, PresetIds, install_preset_ids, listening
 
 DEFAULT_MAX_SPANS = 20_000
 DEFAULT_MAX_ROLLOUTS = 10_000
@@ -111,8 +111,7 @@ class CaptureProcessor(SpanProcessor):
             if buffer is not None:
                 buffer.add_call(call)
                 return
-            if listening(_provider):
-                emit_all([call], get_tracer(), get_span_ids())
+            emit_spans([call])
         except Exception as error:  # noqa: BLE001 - as on_end
             record_error("processor_on_end", error)
 
@@ -141,12 +140,9 @@ def get_processor() -> CaptureProcessor:
 
 
 def get_tracer() -> trace.Tracer:
-    tracer = _tracer
-    if tracer is None:
-        _ensure_setup()
-        tracer = _tracer
-    assert tracer is not None
-    return tracer
+    _ensure_setup()
+    assert _tracer is not None
+    return _tracer
 
 
 def get_span_ids() -> PresetIds:
@@ -157,7 +153,10 @@ def get_span_ids() -> PresetIds:
 def emit_spans(calls: list[ModelCallSpan]) -> None:
     """OpenTelemetry spans from a rollout's records, when something listens (``recorded.py``)."""
     if calls and listening(_provider):
-        emit_all(calls, get_tracer(), get_span_ids())
+        tracer, ids = get_tracer(), get_span_ids()
+        for call in calls:
+            with guard("model_call_span"):  # one failing must not lose the others
+                call.emit(tracer, ids)
 
 
 def get_tracer_provider() -> TracerProvider:

@@ -148,26 +148,25 @@ class ModelCallSpan(trace.Span):
         if self.end_ns is None:
             self.extra[key] = value
 
+    def _op(self, name: str, *args: Any) -> None:
+        if self.end_ns is None:  # replayed on the span made from this record
+            self.ops.append((name, args))
+
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
-        if self.end_ns is None:
-            self.ops.append(("add_event", (name, attributes, timestamp or time.time_ns())))
+        self._op("add_event", name, attributes, timestamp or time.time_ns())
 
     def add_link(self, context: Any, attributes: Any = None) -> None:
-        if self.end_ns is None:
-            self.ops.append(("add_link", (context, attributes)))
+        self._op("add_link", context, attributes)
 
     def update_name(self, name: str) -> None:
-        if self.end_ns is None:
-            self.name = name
+        self._op("update_name", name)
 
     def set_status(self, status: Any, description: str | None = None) -> None:
-        if self.end_ns is None:
-            self.ops.append(("set_status", (status, description)))
+        self._op("set_status", status, description)
 
     def record_exception(self, exception: BaseException, attributes: Any = None, timestamp: int | None = None,
                          escaped: bool = False) -> None:  # fmt: skip
-        if self.end_ns is None:
-            self.ops.append(("record_exception", (exception, attributes, timestamp or time.time_ns(), escaped)))
+        self._op("record_exception", exception, attributes, timestamp or time.time_ns(), escaped)
 
     def end(self, end_time: int | None = None) -> None:
         if self.end_ns is not None:
@@ -193,12 +192,3 @@ class ModelCallSpan(trace.Span):
         for name, args in self.ops:
             getattr(span, name)(*args)
         span.end(self.end_ns)
-
-
-def emit_all(calls: list[ModelCallSpan], tracer: Any, ids: PresetIds) -> None:
-    """Spans for exporters from a rollout's records (one failing must not lose the others)."""
-    for call in calls:
-        try:
-            call.emit(tracer, ids)
-        except Exception as error:  # noqa: BLE001 - capture never raises into the rollout
-            record_error("model_call_span", error)

@@ -16,7 +16,7 @@ from . import semconv as sc
 from .completions import TokenIds, chat_outcome
 from .convert import new_model_call
 from .input_delta import delta_attributes
-from .messages import openai_message, to_plain, to_semconv, to_semconv_list
+from .messages import openai_message, to_plain, to_semconv
 from .processor import TokenRecord, get_processor
 from .recorded import ModelCallSpan, new_span_id
 from .current import current_rollout
@@ -38,10 +38,6 @@ def tool_definitions(tools: Any) -> list[dict[str, Any]]:
         elif isinstance(tool, dict):
             out.append(tool)
     return out
-
-
-def _tool_definitions_json(tools: Any) -> str:
-    return json_text(tool_definitions(tools))
 
 
 def given(value: Any) -> bool:
@@ -142,7 +138,7 @@ def end_chat_span(span: Any, answer: ChatAnswer, *, tokens: TokenIds | None = No
             usage=(_count(answer.input_tokens), _count(answer.output_tokens)),
             record=TokenRecord(response_id, span.context.span_id, *tokens) if tokens is not None else None,
             base=request.base,
-            tool_definitions=_tool_definitions_json(tools) if given(tools) and tools else None,
+            tool_definitions=json_text(tool_definitions(tools)) if given(tools) and tools else None,
         )
     span.end(now)
 
@@ -159,7 +155,7 @@ def _attributes(span: ModelCallSpan) -> dict[str, Any]:
         sc.OPERATION_NAME: sc.OP_CHAT,
         sc.PROVIDER_NAME: request.provider,
         sc.LAYER: request.layer,
-        sc.INPUT_MESSAGES: json_text(to_semconv_list(request.tail)),
+        sc.INPUT_MESSAGES: json_text([to_semconv(m) for m in request.tail]),
         **delta_attributes(request.base),
     }
     model = kwargs.get("model")
@@ -167,7 +163,7 @@ def _attributes(span: ModelCallSpan) -> dict[str, Any]:
         attributes[sc.REQUEST_MODEL] = str(model)
     tools = kwargs.get("tools")
     if given(tools) and tools:
-        attributes[sc.TOOL_DEFINITIONS] = _tool_definitions_json(tools)
+        attributes[sc.TOOL_DEFINITIONS] = json_text(tool_definitions(tools))
     temperature = kwargs.get("temperature")
     if given(temperature) and isinstance(temperature, (int, float)):
         attributes[sc.REQUEST_TEMPERATURE] = float(temperature)

@@ -95,13 +95,9 @@ class _Recorder:
     on_end: Callable[[BaseException | None], None] | None = None
     """Told how the stream ended (the error, or None); the hooks note infrastructure failures with it."""
 
-    def __init__(self, stream: Any, span: Any, layer: str, accumulator: Any = None) -> None:
-        """``accumulator``: what re-assembles the stream's items (``add(item)``, ``finish(span)``);
-        a :class:`ChunkAccumulator` for chat-completion chunks by default."""
-        self._stream = stream
-        self._span = span
-        self._layer = layer
-        self._acc = accumulator if accumulator is not None else ChunkAccumulator()
+    def __init__(self, stream: Any, span: Any, layer: str, accumulator: Any) -> None:
+        """``accumulator``: what re-assembles the stream's items (``add(item)``, ``finish(span)``)."""
+        self._stream, self._span, self._layer, self._acc = stream, span, layer, accumulator
         self._done = False
 
     def _record(self, chunk: Any) -> None:
@@ -128,7 +124,7 @@ class _Recorder:
 class StreamRecorder(_Recorder):
     """Wraps a sync ``openai.Stream`` (or any chunk iterator)."""
 
-    def __init__(self, stream: Any, span: Any, layer: str, accumulator: Any = None) -> None:
+    def __init__(self, stream: Any, span: Any, layer: str, accumulator: Any) -> None:
         super().__init__(stream, span, layer, accumulator)
         self._iterator = iter(stream)
 
@@ -165,7 +161,7 @@ class StreamRecorder(_Recorder):
 class AsyncStreamRecorder(_Recorder):
     """Wraps an ``openai.AsyncStream`` (or any async chunk iterator)."""
 
-    def __init__(self, stream: Any, span: Any, layer: str, accumulator: Any = None) -> None:
+    def __init__(self, stream: Any, span: Any, layer: str, accumulator: Any) -> None:
         super().__init__(stream, span, layer, accumulator)
         self._iterator = stream.__aiter__()
 

@@ -28,6 +28,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from .current import current_rollout
 from .health import guard, record_error
 from .patching import Patches
+from .processor import get_processor
 
 GENERATION_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages")
 _GEMINI_SUFFIXES = (":generateContent", ":streamGenerateContent")
@@ -124,19 +125,11 @@ def _note(request: Any) -> None:
             rollout.seen_requests.note_request(request.method, request.url)
             return
         url = model_request_url(request.method, request.url)
-        if url is not None and _get_processor().active_rollouts():
+        if url is not None and get_processor().active_rollouts():
             with _lock:
                 _outside.append((next(_sequence), url))
     except Exception as error:  # noqa: BLE001 - never raise into the request
         record_error("wire_note", error)
-
-
-def _get_processor() -> Any:
-    from .processor import get_processor
-
-    global _get_processor
-    _get_processor = get_processor
-    return get_processor()
 
 
 def _wrap_sync(original: Any) -> Any:

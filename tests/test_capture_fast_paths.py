@@ -114,8 +114,8 @@ def test_a_prompt_repeated_across_histories_is_redacted_in_each() -> None:
         assert r.REDACTED in messages[2]["content"][0]["text"]
 
 
-def test_logprobs_and_ids_read_in_c_as_per_entry() -> None:
-    """``map`` with the first entry's getter, else the per-entry loop: the same values, the same errors."""
+def test_logprobs_and_ids_read_from_objects_dicts_or_both() -> None:
+    """The same values whatever the entries are; an entry without a logprob is an error, never a silent 0."""
     from types import SimpleNamespace
 
     import pytest
@@ -127,7 +127,7 @@ def test_logprobs_and_ids_read_in_c_as_per_entry() -> None:
         values = completions.logprob_values(logprobs)
         assert values == [-0.25, -1.0] and all(type(v) is float for v in values)
     assert completions.logprob_values({"content": []}) is None
-    with pytest.raises(KeyError):
+    with pytest.raises(TypeError):
         completions.logprob_values({"content": [{"logprob": -1}, {"token": "x"}]})
     assert completions.ints((1, True, 3)) == [1, 1, 3] and completions.ints(None) is None
 

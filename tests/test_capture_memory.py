@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import tracerl.integrations as ti
 from tracerl.integrations import input_delta, semconv as sc
-from tracerl.integrations.messages import to_semconv_list
+from tracerl.integrations.messages import to_semconv
 from tracerl.integrations.outbound import OutboundSpanExporter
 from tracerl.integrations.processor import get_tracer_provider
 
@@ -64,7 +64,7 @@ def client(server):
 
 def _full_json(messages: list[dict[str, Any]]) -> str:
     """``gen_ai.input.messages`` as a span holding the whole input writes it."""
-    return json.dumps(to_semconv_list(messages), default=str, ensure_ascii=False)
+    return json.dumps([to_semconv(m) for m in messages], default=str, ensure_ascii=False)
 
 
 async def chat_agent(client: Any, turns: int, *, chars: int = 200, tag: str = "", inputs: list[str] | None = None) -> None:

@@ -59,9 +59,9 @@ async def test_each_process_call_lands_in_its_own_rollout_with_the_sampled_token
     trajectories, answers = gathered
     by_tokens = {(tuple(a["prompt_token_ids"]), tuple(a["choices"][0]["token_ids"])): a for a in answers}
     for index, trajectory in enumerate(trajectories):
-        text = str(trajectory.messages())
-        assert f"zebra{index}" in text
-        assert not [f"zebra{other}" for other in range(ROLLOUTS) if other != index and f"zebra{other}" in text]
+        sent = str([m for m in trajectory.messages() if m["role"] != "assistant"])  # the model may echo any word
+        assert f"zebra{index}" in sent
+        assert not [f"zebra{other}" for other in range(ROLLOUTS) if other != index and f"zebra{other}" in sent]
         (turn,) = trajectory.sampled_turns()
         answer = by_tokens[(tuple(turn.prompt_token_ids), tuple(turn.token_ids))]  # id for id, as the engine sampled
         assert turn.logprobs == [e["logprob"] for e in answer["choices"][0]["logprobs"]["content"]]

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from tracerl.types import Trajectory
 
 from .. import semconv as sc
-from ..messages import to_semconv, to_semconv_list
+from ..messages import to_semconv
 from ..spans import tool_definitions
 from .chat_format import input_messages, output_message, parse_json
 from .langfuse_api import LangfuseReader, parse_since
@@ -122,7 +122,7 @@ def _generation_attributes(observation: dict[str, Any]) -> dict[str, Any] | None
     attributes: dict[str, Any] = {
         sc.OPERATION_NAME: sc.OP_CHAT,
         sc.LAYER: LAYER,
-        sc.INPUT_MESSAGES: json.dumps(to_semconv_list(messages), ensure_ascii=False),
+        sc.INPUT_MESSAGES: json.dumps([to_semconv(m) for m in messages], ensure_ascii=False),
         sc.OUTPUT_MESSAGES: json.dumps([semconv_output], ensure_ascii=False),
     }
     if tools:
