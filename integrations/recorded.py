@@ -9,7 +9,7 @@ rollout's buffer; the converter reads the records, never a span of ours.
 While the call runs the object is the current OpenTelemetry span, with a real span id, so
 spans that lower layers make (OpenInference's instrumentors, an SDK's own tracing) point at it
 as their parent.  OpenTelemetry spans for exporters (Langfuse, OTLP, a user's own provider)
-are made from the records through the SDK's public API (:func:`emit`), with the ids and times
+are made from the records through the SDK's public API (:meth:`ModelCallSpan.emit`), with the ids and times
 the call had, and only when something listens (:func:`listening`): a provider the user set up,
 or a processor added to tracerl's own.
 """
@@ -74,19 +74,16 @@ class PresetIds(IdGenerator):
     def preset(self, trace_id: int | None, span_id: int | None) -> None:
         self._next.trace_id, self._next.span_id = trace_id, span_id
 
+    def _take(self, kind: str) -> int | None:
+        preset = getattr(self._next, kind, None)
+        setattr(self._next, kind, None)
+        return preset
+
     def generate_span_id(self) -> int:
-        span_id = getattr(self._next, "span_id", None)
-        if span_id is not None:
-            self._next.span_id = None
-            return span_id
-        return self.inner.generate_span_id()
+        return self._take("span_id") or self.inner.generate_span_id()
 
     def generate_trace_id(self) -> int:
-        trace_id = getattr(self._next, "trace_id", None)
-        if trace_id is not None:
-            self._next.trace_id = None
-            return trace_id
-        return self.inner.generate_trace_id()
+        return self._take("trace_id") or self.inner.generate_trace_id()
 
     def is_trace_id_random(self) -> bool:
         return self.inner.is_trace_id_random()

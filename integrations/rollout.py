@@ -129,21 +129,24 @@ class Rollout:
         rollout's trajectory, with token ids.  Opened on first use; closed when the rollout ends
         (later calls with it get a 404).  See :meth:`gateway_env`.
         """
-        if self._gateway is None:
-            if self._span is None:
-                raise RuntimeError("open the rollout (async with / with) before asking for its gateway_url")
-            from .gateway import open_token
-
-            self._gateway = open_token(self.model)
-        return self._gateway[1]
+        return self._opened_gateway()[1]
 
     @property
     def gateway_headers(self) -> dict[str, str]:
         """The header that joins a call on the plain ``/v1`` routes to this rollout (instead of the URL)."""
         from .gateway import ROLLOUT_HEADER
 
-        self.gateway_url  # noqa: B018 - opens the gateway
-        return {ROLLOUT_HEADER: self._gateway[0]}  # type: ignore[index]
+        return {ROLLOUT_HEADER: self._opened_gateway()[0]}
+
+    def _opened_gateway(self) -> tuple[str, str]:
+        """(token, base URL) of this rollout's gateway, opened on first use."""
+        if self._gateway is None:
+            if self._span is None:
+                raise RuntimeError("open the rollout (async with / with) before asking for its gateway")
+            from .gateway import open_token
+
+            self._gateway = open_token(self.model)
+        return self._gateway
 
     def gateway_env(self) -> dict[str, str]:
         """Environment variables that point an agent's OpenAI and Anthropic SDKs at this rollout's

@@ -120,30 +120,21 @@ class GatewayMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        token = rollout_token(scope)
+        match = _PATH.match(scope.get("path") or "")
+        if match is not None:
+            token = match.group(1)
+            scope = {**scope, "path": match.group(2), "raw_path": match.group(2).encode(),
+                     "headers": [*scope.get("headers", ()), (ROLLOUT_HEADER.encode(), token.encode())]}  # fmt: skip
+        else:
+            token = next((v.decode("latin-1") for n, v in scope.get("headers") or () if n.lower() == ROLLOUT_HEADER.encode()), None)
         if token is None:
             await self.app(scope, receive, send)
             return
-        match = _PATH.match(scope.get("path") or "")
-        if match is not None:
-            scope = {**scope, "path": match.group(2), "raw_path": match.group(2).encode(),
-                     "headers": [*scope.get("headers", ()), (ROLLOUT_HEADER.encode(), token.encode())]}  # fmt: skip
         reset = _current.set(token)
         try:
             await self.app(scope, receive, send)
         finally:
             _current.reset(reset)
-
-
-def rollout_token(scope: dict[str, Any]) -> str | None:
-    """The rollout token a request carries (its path, else its header), or None."""
-    match = _PATH.match(scope.get("path") or "")
-    if match is not None:
-        return match.group(1)
-    for name, value in scope.get("headers") or ():
-        if name.lower() == ROLLOUT_HEADER.encode():
-            return value.decode("latin-1")
-    return None
 
 
 def add_gateway_routes(app: Any, gateway: Gateway) -> None:
