@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .serve.remote_backend import RemoteBackend
     from .train.distill import CompletionsTeacher, add_teacher_advantages, served_teacher, with_worked_examples
+    from .loops.pipeline import PipelineTrainer
+    from .loops.retention import keep_recent_and_top
     from .train.local_backend import LocalBackend
     from .train.sft_config import SFTConfig, TrainSFTConfig, create_lr_schedule
     from .train.sft_data import filter_by_reward, load_sft_file
@@ -68,6 +70,7 @@ __all__ = [
     "McpTimeoutError",
     "Model",
     "NonFiniteError",
+    "PipelineTrainer",
     "RemoteBackend",
     "RemoteBackendError",
     "RemoteConnectionError",
@@ -91,6 +94,7 @@ __all__ = [
     "gather_trajectories",
     "gather_trajectory_groups",
     "iterate_dataset",
+    "keep_recent_and_top",
     "load_sft_file",
     "retry",
     "rollout",
@@ -106,6 +110,8 @@ _LAZY = {
     "served_teacher": "tracerl.train.distill",
     "with_worked_examples": "tracerl.train.distill",
     "LocalBackend": "tracerl.train.local_backend",
+    "PipelineTrainer": "tracerl.loops.pipeline",
+    "keep_recent_and_top": "tracerl.loops.retention",
     "RemoteBackend": "tracerl.serve.remote_backend",
     "SFTConfig": "tracerl.train.sft_config",
     "TrainSFTConfig": "tracerl.train.sft_config",

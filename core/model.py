@@ -202,6 +202,16 @@ class TrainableModel(Model):
             step = self._step_cache if self._step_cache is not None else (self.run_dir.latest_step() or 0)
         return f"{self.name}@{step}"
 
+    def policy_step(self, served_name: str | None) -> int | None:
+        """The step in ``served_name`` when it names a policy of this model (``"name@step"``), else None.
+
+        Sampled turns carry the name their server answered with (:attr:`tracerl.Choice.model`),
+        so this is the policy version that sampled a turn."""
+        if not served_name:
+            return None
+        name, at, step = served_name.rpartition("@")
+        return int(step) if at and name == self.name and step.isdigit() else None
+
     async def train_sft(self, trajectories: Any, config: Any = None, **kwargs: Any) -> "TrainResult":
         """ART's ``model.train_sft(trajectories, config)``: ``backend.train_sft`` on the registered backend."""
         if self._backend is None:

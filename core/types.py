@@ -95,6 +95,10 @@ class Choice(_Checked):
     index: int = 0
     response_id: str | None = None
     """Id of the chat-completion response, used to join capture spans with token data."""
+    model: str | None = None
+    """The model that sampled this turn, as the server named it in its response: for a policy
+    tracerl serves, ``name@step``, the policy version (``TrainableModel.policy_step``).
+    ``backend.train`` corrects turns sampled by an older policy off-policy."""
     token_advantages: list[float] | None = None
     """Per-token advantage of each completion token, *added* to the group's reward advantage by
     ``backend.train`` (same length as ``token_ids``).  On-policy distillation writes
@@ -144,11 +148,12 @@ class Choice(_Checked):
         if content:
             logprobs = [float(entry.logprob) for entry in content]
         prompt_ids = extra.get("prompt_token_ids")
-        response_id = None
+        response_id = served_by = None
         if completion is not None:
             completion_extra = getattr(completion, "model_extra", None) or {}
             prompt_ids = prompt_ids or completion_extra.get("prompt_token_ids")
             response_id = getattr(completion, "id", None)
+            served_by = getattr(completion, "model", None)
         return cls(
             message=message,
             token_ids=extra.get("token_ids"),
@@ -157,6 +162,7 @@ class Choice(_Checked):
             finish_reason=getattr(choice, "finish_reason", None),
             index=getattr(choice, "index", 0),
             response_id=response_id,
+            model=served_by if isinstance(served_by, str) else None,
         )
 
 

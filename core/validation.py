@@ -145,13 +145,28 @@ def check_step_settings(
         _positive("epsilon_high", epsilon_high)
 
 
-def check_train_arguments(*, scale_rewards: Any, allow_retokenize: Any, on_non_finite: Any, **step_settings: Any) -> None:
+DEFAULT_OFF_POLICY_CAP = 2.0
+"""Cap of the importance weight ``π_trainer / π_sampler`` on turns an older policy sampled
+(``backend.train(off_policy_cap=...)``, :func:`tracerl.train.grpo.policy_loss`)."""
+
+
+def check_train_arguments(
+    *, scale_rewards: Any, allow_retokenize: Any, on_non_finite: Any, off_policy_cap: Any = DEFAULT_OFF_POLICY_CAP, **step_settings: Any
+) -> None:
     """All of ``backend.train``'s keyword arguments (see :func:`check_step_settings` for the numbers)."""
     check_step_settings(**step_settings)
+    check_off_policy_cap(off_policy_cap)
     for name, value in (("scale_rewards", scale_rewards), ("allow_retokenize", allow_retokenize)):
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be True or False, got {value!r}")
     _choice("on_non_finite", on_non_finite, ON_NON_FINITE)
+
+
+def check_off_policy_cap(value: Any) -> None:
+    """``off_policy_cap``: None (no correction) or a finite number >= 1 (a cap below 1 would
+    shrink even turns the trainer finds likelier than the sampler did)."""
+    if value is not None and (not is_number(value) or not math.isfinite(value) or value < 1):
+        raise ConfigError(f"off_policy_cap must be None (no off-policy correction) or a finite number >= 1, got {value!r}")
 
 
 SFT_SCHEDULES = ("constant", "linear", "cosine")

@@ -488,6 +488,7 @@ def _choice(call: ModelCall) -> Choice:
         logprobs=getattr(record, "logprobs", None),
         finish_reason=call.finish_reason,
         response_id=call.response_id,
+        model=call.model,
     )
 
 

@@ -16,9 +16,9 @@ from tracerl.runs.storage import RunDir, atomic_dir
 
 EXPECTED_ALL = {
     "Backend", "CheckpointError", "Choice", "ConfigError", "DatasetBatch", "ExceptionRecord", "History",
-    "InferenceServerError", "JudgeError", "LocalBackend", "Model", "NonFiniteError", "RemoteBackend", "RemoteBackendError",
+    "InferenceServerError", "JudgeError", "LocalBackend", "Model", "NonFiniteError", "PipelineTrainer", "RemoteBackend", "RemoteBackendError",
     "RemoteConnectionError", "RunLockedError", "TooManyExceptionsError", "TracerlError", "TrainResult", "TrainableModel", "Trajectory",
-    "TrajectoryError", "TrajectoryGroup", "gather_trajectories", "gather_trajectory_groups", "iterate_dataset", "retry",
+    "TrajectoryError", "TrajectoryGroup", "gather_trajectories", "gather_trajectory_groups", "iterate_dataset", "keep_recent_and_top", "retry",
     "rollout", "trajectory", "trajectory_group",
     # typed faults (DESIGN §5.8)
     "InfrastructureError", "InferenceTimeoutError", "McpServerError", "McpTimeoutError", "RolloutTimeoutError",

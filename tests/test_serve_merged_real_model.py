@@ -72,6 +72,9 @@ def test_merged_serving_returns_the_trainers_policy_after_a_step(tmp_path):
             second = await backend.train(model, [after_step], learning_rate=5e-3)
             with pytest.raises(NotFoundError):  # two steps back: no longer served
                 await client.chat.completions.create(model=model.get_inference_name(0), messages=QUESTION, max_tokens=1)
+            straggler = await client.chat.completions.create(model=model.get_inference_name(1), messages=QUESTION, max_tokens=1)
+            assert {c.model for c in after_step.trajectories[0].sampled_turns()} == {"merged@1"}  # the policy that sampled it
+            assert straggler.model == "merged@2"  # asked for step 1, answered by step 2's weights: the answer says so
             return first, second, logprobs
         finally:
             await backend.close()

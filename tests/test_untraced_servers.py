@@ -81,7 +81,7 @@ def _ours(spans, port: int, upstream_port: int) -> list[str]:
 
 
 def _vllm_proxy(upstream):
-    server = types.SimpleNamespace(vllm_url=f"http://127.0.0.1:{upstream.port}", served_name="m", model_path="/models/m", api_key="k", aliases=set())
+    server = types.SimpleNamespace(vllm_url=f"http://127.0.0.1:{upstream.port}", served_name="m", model_path="/models/m", api_key="k", aliases=set(), policy=None)
     return build_proxy(server)
 
 

@@ -104,12 +104,13 @@ class DataParallelLoRATrainer(LoRATrainer):
             offset += grad.numel()
 
     def _summed(self, totals: dict[str, float]) -> dict[str, float]:
-        keys = sorted(k for k in totals if k != "ratio_max")
+        keys = sorted(k for k in totals if not k.endswith("_max"))
+        maxima = sorted(k for k in totals if k.endswith("_max"))
         values = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
-        largest = torch.tensor([totals["ratio_max"]], dtype=torch.float64, device=self.device)
+        largest = torch.tensor([totals[k] for k in maxima], dtype=torch.float64, device=self.device)
         dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-        return {**dict(zip(keys, values.tolist())), "ratio_max": float(largest)}
+        return {**dict(zip(keys, values.tolist())), **dict(zip(maxima, largest.tolist()))}
 
     def _gathered(self, sampler: list[torch.Tensor], trainer: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Every rank's sampler and trainer logprobs (for ``sampler_trainer_prob_corr``)."""

@@ -25,6 +25,8 @@ class ProxiedServer(Protocol):
     model_path: Path
     aliases: set[str]
     """Further names of the base model, added while the server runs (merged policies)."""
+    policy: str | None
+    """The merged policy now loaded: the ``model`` an answer to an alias names."""
 
 
 def _vllm_error(content: bytes) -> tuple[dict[str, Any] | None, str]:
@@ -99,13 +101,17 @@ def build_proxy(server: ProxiedServer) -> Any:
 
     async def complete_chat(body: dict[str, Any]) -> dict[str, Any]:
         """A chat request through vLLM; vLLM's error as ours (its body kept for the chat route)."""
+        asked_for_policy = body.get("model") in server.aliases
         parse = prepare_chat_body(body, server.served_name, base_names | server.aliases)
         response = await client().post("/v1/chat/completions", json=body)
         if response.status_code != 200:
             error = OpenAIError(_vllm_error(response.content)[1], status=response.status_code)
             error.upstream = response.content
             raise error
-        return finish_chat_body(response.json(), parse)
+        result = finish_chat_body(response.json(), parse)
+        if asked_for_policy and server.policy:
+            result["model"] = server.policy  # a straggler asking for agent@3 was answered by agent@4's weights
+        return result
 
     gated = add_api_routes(app, complete_chat)
 

@@ -213,6 +213,9 @@ class VLLMServer:
         self._healthy_once = False
         self.aliases: set[str] = set()
         """Model names the proxy answers with the served model itself (merged serving: ``agent@3``)."""
+        self.policy: str | None = None
+        """The policy the merged weights are (``agent@4``, set after each reload); the proxy names it
+        as the ``model`` of every answer to an alias, so a trajectory says which policy sampled it."""
 
     # --- InferenceServer -------------------------------------------------------------
     def command(self, port: int) -> list[str]:

@@ -13,6 +13,8 @@ from typing import Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..validation import DEFAULT_OFF_POLICY_CAP
+
 LOG_RATIO_CLAMP = 20.0
 ZERO_VARIANCE_TOL = 1e-12
 
@@ -76,6 +78,12 @@ class LossOutput:
     kl_sum: float
     non_finite_BT: torch.Tensor | None = None
     """Trained tokens whose loss is NaN or infinite (to name the sequences behind a non-finite loss)."""
+    stale_tokens: float = 0.0
+    """Trained tokens an older policy sampled (``policy_lag_BT > 0``), corrected off-policy."""
+    off_policy_ratio_sum: float = 0.0
+    off_policy_ratio_max: float = 0.0
+    off_policy_truncated: float = 0.0
+    """Stale tokens whose importance weight ``π_trainer / π_sampler`` was above the cap."""
 
 
 def policy_loss(
@@ -92,6 +100,8 @@ def policy_loss(
     ref_logprobs_BT: torch.Tensor | None = None,
     kl_penalty_coef: float = 0.0,
     sequence_ids_BT: torch.Tensor | None = None,
+    policy_lag_BT: torch.Tensor | None = None,
+    off_policy_cap: float | None = DEFAULT_OFF_POLICY_CAP,
 ) -> LossOutput:
     """The GRPO policy loss on trained tokens (``weights_BT > 0``).
 
@@ -99,6 +109,18 @@ def policy_loss(
     ratio is 1 for that token.  ``normalizer`` is the number of trained tokens of the
     *whole* step (so micro-batch losses add up to the full-batch loss).  For sequence-level
     ratios, a sequence is a row, or the tokens sharing an id in ``sequence_ids_BT``.
+
+    Off-policy correction (``policy_lag_BT``: how many steps older than the trained
+    checkpoint the policy that sampled each token is).  Tokens with lag 0 get exactly the loss
+    above.  A stale token gets decoupled PPO (Hilton et al. 2022; AReaL): the clipped ratio
+    is taken to a *proximal* policy, the trainer's weights at the start of this step, and the
+    whole term is weighted by ``min(π_proximal / π_sampler, off_policy_cap)``, a truncated
+    importance weight.  Each ``backend.train`` call takes one optimizer step, so the proximal
+    logprobs are this forward pass's own, detached: no extra forward pass, and the clipped
+    ratio is 1 (the term's gradient is ``w · A · ∇logπ``).  Plain PPO/CISPO on a stale token
+    would instead clip to the sampler: a ratio already outside ``[1-ε, 1+ε]`` after a step
+    or two zeroes the token's gradient (PPO) or biases it (CISPO's truncation).
+    ``off_policy_cap=None`` turns the correction off (stale tokens are treated as fresh).
     """
     loss_fn = LossFn(loss_fn)
     level = ImportanceLevel(importance_level)
@@ -113,6 +135,13 @@ def policy_loss(
     mask_BT = weights_BT > 0
     old = torch.where(torch.isnan(old_logprobs_BT), logprobs_BT.detach(), old_logprobs_BT)
     log_ratio = (logprobs_BT - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    stale_BT = None
+    if policy_lag_BT is not None and off_policy_cap is not None:
+        stale_BT = (policy_lag_BT > 0) & mask_BT
+        if bool(stale_BT.any()):
+            log_ratio = torch.where(stale_BT, logprobs_BT - logprobs_BT.detach(), log_ratio)  # to the proximal policy
+        else:
+            stale_BT = None
     if level is ImportanceLevel.SEQUENCE:
         log_ratio = _sequence_mean(log_ratio, mask_BT, sequence_ids_BT)
     ratio = torch.exp(log_ratio)
@@ -123,6 +152,17 @@ def policy_loss(
     else:
         per_token = -clipped_ratio.detach() * advantages_BT * logprobs_BT
         is_clipped = (ratio > 1.0 + eps_high) | (ratio < 1.0 - eps_low)
+    off_policy = {}
+    if stale_BT is not None:
+        behaviour_ratio = torch.exp((logprobs_BT.detach() - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        per_token = per_token * torch.where(stale_BT, behaviour_ratio.clamp(max=off_policy_cap), 1.0)
+        stale_ratio = behaviour_ratio[stale_BT]
+        off_policy = dict(
+            stale_tokens=float(stale_BT.sum()),
+            off_policy_ratio_sum=float(stale_ratio.sum()),
+            off_policy_ratio_max=float(stale_ratio.max()),
+            off_policy_truncated=float((stale_ratio > off_policy_cap).sum()),
+        )
     kl_sum = 0.0
     if ref_logprobs_BT is not None and kl_penalty_coef:
         # k3 estimator of KL(π || π_ref): exp(ref − new) − (ref − new) − 1  (≥ 0, unbiased)
@@ -141,6 +181,7 @@ def policy_loss(
         tokens=float(mask_BT.sum()),
         kl_sum=kl_sum,
         non_finite_BT=~torch.isfinite(per_token.detach()) & mask_BT,
+        **off_policy,
     )
 
 

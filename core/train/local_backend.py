@@ -26,8 +26,8 @@ from ..gather import GatheredGroups
 from ..model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
 from ..runs.run_lock import RunLock
 from ..runs.storage import TRAIN_SPLIT, RunDir, atomic_dir
-from ..types import TrainResult, TrajectoryGroup, check_groups
-from ..validation import check_train_arguments, describe_group, describe_trajectory
+from ..types import Choice, TrainResult, TrajectoryGroup, check_groups
+from ..validation import DEFAULT_OFF_POLICY_CAP, check_train_arguments, describe_group, describe_trajectory
 from .sampled_turns import check_sampled_turns
 from .tokenization import TokenizeStats, TrainingSequence, tokenize_trajectory
 
@@ -171,6 +171,7 @@ class LocalBackend:
         if step > 0:  # checkpoint 0 is a fresh LoRA (B = 0): the base weights already are that policy
             await self._reload_merged(state, step, await asyncio.to_thread(self._trainer, state))
         server.aliases.add(name)  # type: ignore[attr-defined]
+        server.policy = name  # type: ignore[attr-defined]
         return server
 
     async def _reload_merged(self, state: _Registered, step: int, trainer: "LoRATrainer") -> None:
@@ -274,8 +275,16 @@ class LocalBackend:
         max_grad_norm: float = 0.1,
         allow_retokenize: bool = False,
         on_non_finite: Literal["raise", "skip"] = "raise",
+        off_policy_cap: float | None = DEFAULT_OFF_POLICY_CAP,
     ) -> TrainResult:
         """One GRPO step on ``trajectory_groups``; returns the new step, metrics and checkpoint path.
+
+        A sampled turn whose :attr:`~tracerl.Choice.model` names an older step of ``model`` than
+        the one trained from (a pipelined loop, a straggler) is corrected off-policy: decoupled
+        PPO with a truncated importance weight capped at ``off_policy_cap``
+        (:func:`tracerl.train.grpo.policy_loss`; None: no correction).  The metrics count such
+        turns (``stale_turns``, ``policy_lag_max``) and report the weights
+        (``off_policy_ratio_mean``/``_max``, ``off_policy_truncated_fraction``).
 
         The metrics carry the step's wall-time split: ``train_seconds`` (tokenization, forwards,
         backwards, update), ``save_seconds`` (checkpoint and trajectories written),
@@ -308,6 +317,7 @@ class LocalBackend:
             scale_rewards=scale_rewards,
             allow_retokenize=allow_retokenize,
             on_non_finite=on_non_finite,
+            off_policy_cap=off_policy_cap,
         )
         rollout_seconds = _gather_seconds(trajectory_groups)
         groups = list(trajectory_groups)
@@ -316,10 +326,12 @@ class LocalBackend:
         check_groups(groups, vocab_size=_embedding_rows(state.model_path))
         from .trainer import StepConfig  # torch: only once everything is known to be sane
 
-        config = StepConfig(**settings, importance_level=importance_sampling_level)
+        config = StepConfig(**settings, importance_level=importance_sampling_level, off_policy_cap=off_policy_cap)
         started = time.monotonic()
         step = (state.run_dir.latest_step() or 0) + 1
-        sequences, metrics = self._prepare(state, groups, scale_rewards, allow_retokenize)
+        lags = PolicyLags(model, trained_from=step - 1)
+        sequences, metrics = self._prepare(state, groups, scale_rewards, allow_retokenize, lags)
+        metrics.update(lags.metrics())
         metrics["trajectories_without_sampled_turns"] = float(without_sampled_turns)
         if rollout_seconds is not None:
             metrics["rollout_seconds"] = rollout_seconds
@@ -350,6 +362,7 @@ class LocalBackend:
                 aliases = state.server.aliases  # type: ignore[attr-defined]
                 aliases.add(model.get_inference_name(step))
                 aliases.discard(model.get_inference_name(step - 2))  # stragglers of step-1 now get this step's weights
+                state.server.policy = model.get_inference_name(step)  # type: ignore[attr-defined]
             else:
                 await state.server.load_adapter(model.get_inference_name(step), str(final))
                 await _unload_quietly(state.server, model.get_inference_name(step - 2))  # keep the previous for stragglers
@@ -440,7 +453,12 @@ class LocalBackend:
             raise
 
     def _prepare(
-        self, state: _Registered, groups: list[TrajectoryGroup], scale_rewards: bool, allow_retokenize: bool
+        self,
+        state: _Registered,
+        groups: list[TrajectoryGroup],
+        scale_rewards: bool,
+        allow_retokenize: bool,
+        lags: "PolicyLags | None" = None,
     ) -> tuple[list[TrainingSequence], dict[str, float]]:
         """Advantages per group, then tokenization of the trainable groups' trajectories."""
         from .grpo import group_advantages
@@ -471,6 +489,7 @@ class LocalBackend:
                     stats=stats,
                     max_seq_len=self.max_seq_len,
                     label=describe_trajectory(g, group, i, trajectory),
+                    policy_lag=lags,
                 ):
                     seq.advantage = advantage
                     sequences.append(seq)
@@ -502,6 +521,26 @@ class LocalBackend:
             sequences, [weight_of[s.trajectory_index] for s in sequences], max_tokens=self.micro_batch_tokens, pad_token_id=pad
         )
         return trainer.step(batches, config)
+
+
+class PolicyLags:
+    """How many steps older than the trained checkpoint the policy that sampled a turn is.
+
+    Read from the name the server answered with (``name@step``, :attr:`tracerl.Choice.model`);
+    0 for a turn with no such name (another server, a hand-built ``Choice``), which trains as before."""
+
+    def __init__(self, model: TrainableModel, *, trained_from: int) -> None:
+        self.model, self.trained_from = model, trained_from
+        self.seen: list[int] = []
+
+    def __call__(self, choice: Choice) -> int:
+        sampled = self.model.policy_step(choice.model)
+        lag = self.trained_from - sampled if sampled is not None and sampled < self.trained_from else 0
+        self.seen.append(lag)
+        return lag
+
+    def metrics(self) -> dict[str, float]:
+        return {"stale_turns": float(sum(1 for lag in self.seen if lag)), "policy_lag_max": float(max(self.seen, default=0))}
 
 
 def _has_token_advantages(group: TrajectoryGroup) -> bool:

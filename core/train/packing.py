@@ -44,6 +44,8 @@ class MicroBatch:
     """Index of the training sequence each token belongs to (for sequence-level ratios)."""
     num_tokens: int
     """Real (non-padding) tokens in the micro-batch."""
+    policy_lag_N: torch.Tensor | None = None
+    """Steps between each token's sampling policy and the trained checkpoint; None: all 0."""
 
     @property
     def num_trained(self) -> int:
@@ -154,7 +156,7 @@ def _to_tensors(
     input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((B, T), dtype=torch.long)
     allowed = torch.zeros((B, T, T), dtype=torch.bool)
-    picks: dict[str, list] = {k: [] for k in ("rows", "positions", "targets", "weights", "advantages", "old", "seq")}
+    picks: dict[str, list] = {k: [] for k in ("rows", "positions", "targets", "weights", "advantages", "old", "seq", "lag")}
     real_tokens = 0
     for b, row in enumerate(rows):
         p = len(row.prefix)
@@ -181,6 +183,7 @@ def _to_tensors(
                 picks["advantages"].append(seq.advantage + (seq.token_advantages[t] if seq.token_advantages is not None else 0.0))
                 picks["old"].append(seq.old_logprobs[t])
                 picks["seq"].append(i)
+                picks["lag"].append(seq.policy_lags[t] if seq.policy_lags is not None else 0)
             offset += n
         real_tokens += offset
         pad = torch.arange(offset, T)
@@ -198,4 +201,5 @@ def _to_tensors(
         old_logprobs_N=torch.tensor(picks["old"], dtype=torch.float32),
         sequence_ids_N=torch.tensor(picks["seq"], dtype=torch.long),
         num_tokens=real_tokens,
+        policy_lag_N=torch.tensor(picks["lag"], dtype=torch.long) if any(picks["lag"]) else None,
     )

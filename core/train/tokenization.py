@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import TrajectoryError
 from ..types import Choice, History, Message, Tool, Trajectory
@@ -46,6 +46,9 @@ class TrainingSequence:
     advantage: float = 0.0
     token_advantages: list[float] | None = None
     """Per-token advantages added to ``advantage`` (on-policy distillation), 0 on context tokens; None: none."""
+    policy_lags: list[int] | None = None
+    """Per token, how many steps older than the trained checkpoint its sampling policy was (0 on
+    context tokens); None: every turn sampled by the trained checkpoint (``grpo.policy_loss``)."""
     label: str = ""
     """Which trajectory this row comes from, as errors name it (``"group 0 (task ...), trajectory 1 (id ...)"``)."""
 
@@ -103,13 +106,19 @@ class _SequenceBuilder:
         self.logprobs: list[float] = []
         self.advantages: list[float] = []
         self.has_advantages = False
+        self.lags: list[int] = []
         self.done: list[TrainingSequence] = []
         self.trajectory_index = trajectory_index
         self.group_index = group_index
         self.stats = stats
 
     def add_turn(
-        self, prompt: list[int], completion: list[int], logprobs: list[float] | None, advantages: list[float] | None = None
+        self,
+        prompt: list[int],
+        completion: list[int],
+        logprobs: list[float] | None,
+        advantages: list[float] | None = None,
+        lag: int = 0,
     ) -> None:
         if self.ids and prompt[: len(self.ids)] != self.ids:
             self.stats.breaks[_break_cause(self.ids, self.weights, prompt)] += 1
@@ -119,6 +128,7 @@ class _SequenceBuilder:
         self.weights.extend([0.0] * (len(prompt) - start))
         self.logprobs.extend([NAN] * (len(prompt) - start))
         self.advantages.extend([0.0] * (len(prompt) - start))
+        self.lags.extend([0] * (len(prompt) - start))
         if logprobs is not None and len(logprobs) != len(completion):
             self.stats.logprob_length_mismatches += 1
             logprobs = None
@@ -127,6 +137,7 @@ class _SequenceBuilder:
         self.logprobs.extend(logprobs if logprobs is not None else [NAN] * len(completion))
         self.advantages.extend(advantages if advantages is not None else [0.0] * len(completion))
         self.has_advantages = self.has_advantages or advantages is not None
+        self.lags.extend([lag] * len(completion))
 
     def close(self) -> None:
         if any(w > 0 for w in self.weights):
@@ -138,9 +149,10 @@ class _SequenceBuilder:
                     self.trajectory_index,
                     self.group_index,
                     token_advantages=self.advantages if self.has_advantages else None,
+                    policy_lags=self.lags if any(self.lags) else None,
                 )
             )
-        self.ids, self.weights, self.logprobs, self.advantages, self.has_advantages = [], [], [], [], False
+        self.ids, self.weights, self.logprobs, self.advantages, self.has_advantages, self.lags = [], [], [], [], False, []
 
 
 def _completion_ids(
@@ -181,8 +193,11 @@ def tokenize_history(
     allow_retokenize: bool = False,
     stats: TokenizeStats | None = None,
     where: str = "trajectory",
+    policy_lag: Callable[[Choice], int] | None = None,
 ) -> list[TrainingSequence]:
-    """Append-only sequences of one history (a new sequence at each prefix break)."""
+    """Append-only sequences of one history (a new sequence at each prefix break).
+
+    ``policy_lag`` says how many steps old the policy that sampled a turn is (default: 0)."""
     stats = stats if stats is not None else TokenizeStats()
     builder = _SequenceBuilder(trajectory_index, group_index, stats)
     context: list[Message] = []
@@ -203,7 +218,7 @@ def tokenize_history(
             raise TrajectoryError(
                 f"{turn_where}: {len(advantages)} token advantages for {len(completion)} completion tokens; they must match"
             )
-        builder.add_turn(list(prompt), completion, logprobs, advantages)
+        builder.add_turn(list(prompt), completion, logprobs, advantages, policy_lag(item) if policy_lag else 0)
         context.append(item.message)
     builder.close()
     return builder.done
@@ -219,6 +234,7 @@ def tokenize_trajectory(
     stats: TokenizeStats | None = None,
     max_seq_len: int | None = None,
     label: str | None = None,
+    policy_lag: Callable[[Choice], int] | None = None,
 ) -> list[TrainingSequence]:
     """All sequences of a trajectory: its main history and every additional history.
 
@@ -237,6 +253,7 @@ def tokenize_trajectory(
             allow_retokenize=allow_retokenize,
             stats=stats,
             where=where,
+            policy_lag=policy_lag,
         )
     for seq in sequences:
         seq.label = label
@@ -248,6 +265,8 @@ def tokenize_trajectory(
                 seq.old_logprobs = seq.old_logprobs[:max_seq_len]
                 if seq.token_advantages is not None:
                     seq.token_advantages = seq.token_advantages[:max_seq_len]
+                if seq.policy_lags is not None:
+                    seq.policy_lags = seq.policy_lags[:max_seq_len]
         sequences = [s for s in sequences if s.num_trainable > 0]
     return sequences
 

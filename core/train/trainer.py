@@ -19,10 +19,16 @@ import torch
 
 from ..errors import ConfigError, NonFiniteError, TrajectoryError
 from ..inference.devices import TRAIN_OVERHEAD, check_room_for, default_device, dtype_for
-from ..validation import check_lora_settings, check_step_settings, lora_values
+from ..validation import DEFAULT_OFF_POLICY_CAP, check_lora_settings, check_off_policy_cap, check_step_settings, lora_values
 from .allocator import hold_freed_memory, release_freed_memory
 from .grpo import ImportanceLevel, LossFn, chunked_token_logprobs, policy_loss, probability_correlation
 from .packing import MicroBatch
+
+STEP_TOTALS = (
+    "loss", "ratio_sum", "ratio_max", "clipped", "tokens", "kl", "entropy",
+    "stale_tokens", "off_policy_ratio_sum", "off_policy_ratio_max", "off_policy_truncated",
+)  # fmt: skip
+"""What one step adds up over its micro-batches (and data-parallel ranks; ``*_max`` ones: the largest)."""
 
 T = TypeVar("T")
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -55,8 +61,11 @@ class StepConfig:
     importance_level: ImportanceLevel = ImportanceLevel.TOKEN
     kl_penalty_coef: float = 0.0
     max_grad_norm: float = 0.1
+    off_policy_cap: float | None = DEFAULT_OFF_POLICY_CAP
+    """Truncated importance weight on turns an older policy sampled (:func:`~tracerl.train.grpo.policy_loss`)."""
 
     def __post_init__(self) -> None:
+        check_off_policy_cap(self.off_policy_cap)
         check_step_settings(
             learning_rate=self.learning_rate,
             loss_fn=self.loss_fn,
@@ -202,6 +211,12 @@ class LoRATrainer:
         }
         if config.kl_penalty_coef:
             metrics["kl"] = totals["kl"] / n
+        if totals["stale_tokens"]:
+            stale = totals["stale_tokens"]
+            metrics["off_policy_ratio_mean"] = totals["off_policy_ratio_sum"] / stale
+            metrics["off_policy_ratio_max"] = totals["off_policy_ratio_max"]
+            metrics["off_policy_truncated_fraction"] = totals["off_policy_truncated"] / stale
+        metrics["stale_token_fraction"] = totals["stale_tokens"] / n
         if sampler:
             corr = probability_correlation(torch.cat(sampler), torch.cat(trainer))
             if not math.isnan(corr):
@@ -260,7 +275,7 @@ class LoRATrainer:
         data-parallel rank passes the step's, so the ranks' gradients sum to one process's."""
         if normalizer is None:
             normalizer = trained_tokens(micro_batches)
-        totals = {"loss": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0}
+        totals = dict.fromkeys(STEP_TOTALS, 0.0)
         sampler, trainer = [], []
         for index, mb in enumerate(micro_batches):
             self._check_vocabulary(mb)
@@ -283,6 +298,8 @@ class LoRATrainer:
                 ref_logprobs_BT=ref,
                 kl_penalty_coef=config.kl_penalty_coef,
                 sequence_ids_BT=mb.sequence_ids_N.to(self.device),
+                policy_lag_BT=mb.policy_lag_N.to(self.device) if mb.policy_lag_N is not None else None,
+                off_policy_cap=config.off_policy_cap,
             )
             if not torch.isfinite(out.loss):
                 bad = mb.sequence_ids_N[out.non_finite_BT.cpu()].unique().tolist() if out.non_finite_BT is not None else []
@@ -296,6 +313,9 @@ class LoRATrainer:
             totals["loss"] += float(out.loss.detach())
             totals["ratio_sum"] += out.ratio_sum
             totals["ratio_max"] = max(totals["ratio_max"], out.ratio_max)
+            totals["off_policy_ratio_max"] = max(totals["off_policy_ratio_max"], out.off_policy_ratio_max)
+            for key in ("stale_tokens", "off_policy_ratio_sum", "off_policy_truncated"):
+                totals[key] += getattr(out, key)
             totals["clipped"] += out.clipped
             totals["tokens"] += out.tokens
             totals["kl"] += out.kl_sum

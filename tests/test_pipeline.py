@@ -1,0 +1,108 @@
+"""The pipelined loop (``tracerl.PipelineTrainer``) and checkpoint retention.
+
+The real-model test runs the loop on SmolLM2 served by the transformers server with rollouts
+captured by ``tracerl.rollout``: every sampled turn names the policy that sampled it, a
+group held back until it is two steps stale is dropped and counted, groups started while a
+step trained are trained one step stale with the off-policy correction's diagnostics in the
+row, retention never deletes the served checkpoint or one an in-flight group samples from,
+and a second run resumes at the next scenario and the same final step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import tracerl
+from tracerl.errors import ConfigError
+from tracerl.loops.pipeline import PipelineReport
+from tracerl.loops.retention import CheckpointInfo, RetentionContext, keep_recent_and_top, metrics_by_step
+
+QUESTION = "Say one word."
+
+
+def test_keep_recent_and_top_keeps_the_newest_and_the_best():
+    checkpoints = [CheckpointInfo(s, {"val/reward": r} if r is not None else {}) for s, r in [(1, 0.9), (2, None), (3, 0.1), (4, 0.5), (5, None)]]
+    policy = keep_recent_and_top(recent=2, top=1)
+    assert set(policy(RetentionContext(6, checkpoints))) == {2, 3}
+    assert set(keep_recent_and_top(recent=0, top=0)(RetentionContext(6, checkpoints))) == {1, 2, 3, 4, 5}
+    with pytest.raises(ConfigError, match="recent"):
+        keep_recent_and_top(recent=-1)
+    rows = [{"step": 2, "train/reward": 0.5}, {"step": 2, "val/reward": 1, "val/note": "x"}, {"step": "bad"}]
+    assert metrics_by_step(rows) == {2: {"train/reward": 0.5, "val/reward": 1.0}}
+
+
+def test_bad_settings_fail_before_anything_runs():
+    model = tracerl.TrainableModel("p", "tests", "smollm2-135m")
+    for bad in ({"max_staleness": -1}, {"groups_per_step": 0}, {"max_steps": True}):
+        with pytest.raises(ConfigError):
+            tracerl.PipelineTrainer(model, None, None, [], **{"max_steps": 2, **bad})  # type: ignore[arg-type]
+
+
+@pytest.mark.real_model
+def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path):
+    async def one(model: tracerl.TrainableModel, scenario: dict) -> tracerl.Trajectory:
+        async with tracerl.rollout(model, task=scenario["id"]) as r:
+            await model.openai_client().chat.completions.create(
+                model=model.get_inference_name(), messages=[{"role": "user", "content": QUESTION}], max_tokens=3, temperature=1.0
+            )
+            if scenario["slow"]:  # a tool that answers only after two more steps: the group goes stale
+                async with asyncio.timeout(300):
+                    while await model.get_step() < scenario["started"] + 2:
+                        await asyncio.sleep(0.1)
+            else:
+                await asyncio.sleep(0.3)  # a tool call's wait, so rollouts overlap the training step
+        trajectory = r.trajectory
+        trajectory.reward = float(len(trajectory.sampled_turns()[0].message.get("content") or ""))
+        return trajectory
+
+    async def rollout_group(model: tracerl.TrainableModel, scenario: dict, config: None) -> tracerl.TrajectoryGroup:
+        scenario = {**scenario, "started": await model.get_step()}
+        return tracerl.TrajectoryGroup(one(model, scenario) for _ in range(3))
+
+    scenarios = [{"id": i, "slow": i == 0} for i in range(40)]
+    offered: list[tuple[int, set[int]]] = []
+
+    def retention(context: RetentionContext) -> set[int]:
+        deletable = {c.step for c in context.checkpoints}
+        offered.append((context.current_step, deletable))
+        return deletable  # as greedy as a policy can be: the trainer must still protect what is in use
+
+    async def run(max_steps: int) -> tuple[PipelineReport, list[dict], list[int]]:
+        model = tracerl.TrainableModel("pipe", "tests", "smollm2-135m", base_path=tmp_path)
+        backend = tracerl.LocalBackend(inference="transformers")
+        await model.register(backend)
+        try:
+            trainer = tracerl.PipelineTrainer(
+                model, backend, rollout_group, scenarios, groups_per_step=2, max_steps=max_steps, max_staleness=1,
+                train_kwargs={"learning_rate": 1e-4}, checkpoint_retention=retention,
+            )  # fmt: skip
+            report = await trainer.train()
+            return report, model.history(), await backend.list_checkpoints(model)
+        finally:
+            await backend.close()
+
+    report, history, checkpoints = asyncio.run(run(4))
+    rows = [row for row in history if "train/reward" in row]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4] == report.steps
+    assert report.groups_dropped_stale >= 1 and sum(row["train/groups_dropped_stale"] for row in rows) == report.groups_dropped_stale
+    assert all(row["train/staleness_max"] <= 1 for row in rows)
+    stale_rows = [row for row in rows if row["train/staleness_max"] == 1]
+    assert stale_rows and all(row["train/stale_turns"] > 0 and "train/off_policy_ratio_mean" in row for row in stale_rows)
+    assert checkpoints[-2:] == [3, 4] and 1 not in checkpoints  # served and its predecessor (stragglers) kept; the rest went
+    assert len(offered) == 4 and all(current not in deletable and current - 1 not in deletable for current, deletable in offered)
+    assert 0 not in offered[1][1]  # after step 2 the slow group, sampled by step 0, was still in flight: step 0 stays
+
+    from tracerl.runs.storage import RunDir, read_jsonl
+
+    run_dir = RunDir(tmp_path, "tests", "pipe")
+    stored = [t for step in (1, 2, 3, 4) for t in read_jsonl(run_dir.trajectories_path("train", step))]
+    turns = [item for t in stored for item in t["messages_and_choices"] if "token_ids" in item]
+    assert turns and all(item["model"].startswith("pipe@") for item in turns)  # every sampled turn says which policy
+    assert all(t["metadata"].get("task") != 0 for t in stored)  # the slow group was never trained
+
+    report2, history2, _ = asyncio.run(run(5))
+    assert report2.steps == [5]
+    offsets = [row["train/scenario_offset"] for row in history2 if "train/scenario_offset" in row]
+    assert offsets == sorted(offsets) and len(offsets) == 5 and offsets[-1] > offsets[-2]
