@@ -12,7 +12,7 @@ BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-docs demo test docs chaos bench clean
+.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-docs demo test docs chaos chaos-pipelined bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -94,6 +94,10 @@ test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray
 # check nothing was lost (~10 min on 2 CPU cores); the result is committed as bench/chaos.json
 chaos: $(STAMP)
 	$(BIN)/python tests/chaos.py --kills 24 --out bench/chaos.json
+
+# the same for the pipelined loop (tracerl.PipelineTrainer, rollouts beside the step): 12 kills (~4 min)
+chaos-pipelined: $(STAMP)
+	$(BIN)/python tests/chaos.py --pipelined --kills 12 --out bench/chaos_pipelined.json
 
 # every benchmark script, each after a ceiling probe in the same invocation; raw output in bench/raw/
 # (long: well over an hour on 2 cores; run it on an otherwise idle machine)

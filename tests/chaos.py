@@ -1,6 +1,7 @@
 """Chaos: SIGKILL a real training loop at random instants, rerun it, check that nothing was lost.
 
     python tests/chaos.py --kills 24 --out bench/chaos.json          (``make chaos``)
+    python tests/chaos.py --pipelined --kills 12 --out bench/chaos_pipelined.json
 
 The child is :mod:`chaos_loop` (SmolLM2-135M, the transformers server, real generation,
 ``backend.train``, save, hot-load, ``model.log`` for train and val).  Kills mix two kinds:
@@ -11,7 +12,9 @@ operation or a random instant inside the phase.  Every run resumes the previous 
 asks for two more steps than are committed, so each kill lands in real work; after the
 last kill a run goes to completion.  Then the checks: ``history.jsonl`` holds every step's
 train and val row exactly once, every checkpoint loads with peft (finite weights), every
-step's trajectories are there, no temp files remain and the run lock is free.
+step's trajectories are there, no trajectory is trained twice, no temp files remain and
+the run lock is free.  ``--pipelined``: the child's loop is ``tracerl.PipelineTrainer``
+(rollouts overlap training); the same kills and checks.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ ROWS_PER_TRAIN_STEP, ROWS_PER_VAL_STEP = 4, 2  # chaos_loop: GROUPS * ROLLOUTS, 
 # the short phases first: where a kill is most likely to leave something half-written
 TARGETS = ["save", "hotload", "log_train", None, "log_val", "save", "train", None, "hotload", "log_train", "rollout",
            "save", None, "val", "register", "hotload", "save", None, "log_train", "train", "log_val", "save", None, "hotload"]  # fmt: skip
+PIPELINED_TARGETS = ["save", "hotload", "log_train", None, "train", "log_val", "save", None, "hotload", "val", "log_train", None, "register"]
+"""The pipelined loop has no rollout phase of its own (rollouts run beside the step)."""
 CHILD_TIMEOUT_S = 900  # a run that hangs is a failure, not a wait
 
 
@@ -64,9 +69,10 @@ def kill_spec(target: str | None, rng: random.Random) -> str:
     return f"{target}:delay:{rng.uniform(0.0, seconds):.3f}"
 
 
-def run_child(data: Path, markers: Path, steps: int, spec: str | None) -> tuple[int, int, float]:
+def run_child(data: Path, markers: Path, steps: int, spec: str | None, pipelined: bool = False) -> tuple[int, int, float]:
     """Run the loop once (killed per ``spec``); returns its pid, return code and duration."""
     argv = [sys.executable, str(CHILD), "--data", str(data), "--markers", str(markers), "--steps", str(steps)]
+    argv += ["--pipelined"] if pipelined else []
     delay = None
     if spec and spec.startswith("random:"):
         delay = float(spec.split(":")[1])
@@ -147,6 +153,7 @@ def check_run(data: Path, final_step: int) -> dict[str, Any]:
         if _trajectory_rows(root / "trajectories" / split / f"{step:04d}.jsonl") != n
     }
     extra = sorted(p.name for p in (root / "trajectories" / "train").glob("*.jsonl") if int(p.stem) > final_step)
+    trained = [row["id"] for p in (root / "trajectories" / "train").glob("*.jsonl") for row in map(json.loads, p.read_text().splitlines())]
     checkpoints = sorted(int(p.name) for p in (root / "checkpoints").iterdir() if p.name.isdigit())
     return {
         "history_every_step_exactly_once": counts == expected,
@@ -156,6 +163,7 @@ def check_run(data: Path, final_step: int) -> dict[str, Any]:
         "checkpoints_load_with_peft": load_checkpoints(root, checkpoints),
         "trajectories_complete": not missing and not extra,
         "trajectories_missing_or_short": missing,
+        "no_trajectory_trained_twice": len(trained) == len(set(trained)),
         "temp_files_left": temp_files(data),
         "run_lock_free": _lock_is_free(root / "run.lock"),
     }
@@ -205,12 +213,20 @@ def load_checkpoints(root: Path, steps: list[int]) -> bool:
     return bool(lora) and all(bool(torch.isfinite(p).all()) for p in lora)
 
 
-def run_chaos(workdir: Path, kills: int, *, seed: int = 0, targets: list[str | None] | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
+def run_chaos(
+    workdir: Path,
+    kills: int,
+    *,
+    seed: int = 0,
+    targets: list[str | None] | None = None,
+    say: Callable[[str], None] = print,
+    pipelined: bool = False,
+) -> dict[str, Any]:
     """Kill the loop ``kills`` times (per ``targets``, cycled), rerun to completion, check; returns the result."""
     rng = random.Random(seed)
     data, markers = workdir / "data", workdir / "markers.jsonl"
     data.mkdir(parents=True, exist_ok=True)
-    plan = list(targets if targets is not None else TARGETS)
+    plan = list(targets if targets is not None else PIPELINED_TARGETS if pipelined else TARGETS)
     started = time.monotonic()
     log: list[Kill] = []
     runs = finished_early = 0
@@ -220,7 +236,7 @@ def run_chaos(workdir: Path, kills: int, *, seed: int = 0, targets: list[str | N
         target = plan[runs % len(plan)]
         spec = kill_spec(target, rng)
         before = committed_step(data)
-        pid, returncode, seconds = run_child(data, markers, before + 2, spec)
+        pid, returncode, seconds = run_child(data, markers, before + 2, spec, pipelined)
         runs += 1
         if returncode != -signal.SIGKILL:
             if returncode != 0:
@@ -235,7 +251,7 @@ def run_chaos(workdir: Path, kills: int, *, seed: int = 0, targets: list[str | N
             raise RuntimeError(f"after kill {len(log)} ({phase}) history holds rows twice: {duplicates}")
         say(f"kill {len(log)}/{kills}: aimed at {kill.aimed_at}, landed in {phase} ({how}); step {before} -> {kill.step_after}")
     final_step = committed_step(data) + 1
-    pid, returncode, _ = run_child(data, markers, final_step, None)
+    pid, returncode, _ = run_child(data, markers, final_step, None, pipelined)
     runs += 1
     if returncode != 0:
         raise RuntimeError(f"the final rerun failed with exit code {returncode} (see {workdir / 'child.log'})")
@@ -251,6 +267,7 @@ def run_chaos(workdir: Path, kills: int, *, seed: int = 0, targets: list[str | N
         "passed": _passed(checks),
         "seconds": round(time.monotonic() - started, 1),
         "seed": seed,
+        "loop": "pipelined" if pipelined else "synchronous",
         "kill_log": [asdict(k) for k in log],
     }
 
@@ -262,6 +279,7 @@ def _passed(checks: dict[str, Any]) -> bool:
         and checks["checkpoints_present"]
         and checks["checkpoints_load_with_peft"]
         and checks["trajectories_complete"]
+        and checks["no_trajectory_trained_twice"]
         and not checks["temp_files_left"]
         and checks["run_lock_free"]
     )
@@ -271,6 +289,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pipelined", action="store_true", help="the child's loop is tracerl.PipelineTrainer")
     parser.add_argument("--workdir", type=Path, default=None, help="an empty folder for the run (default: a new temp folder)")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args()
@@ -278,7 +297,7 @@ def main() -> None:
     if workdir.exists() and any(workdir.iterdir()):
         raise SystemExit(f"{workdir} is not empty: remove it or pass another --workdir")
     print(f"chaos: {args.kills} kills in {workdir}", flush=True)
-    result = run_chaos(workdir, args.kills, seed=args.seed, say=lambda line: print(line, flush=True))
+    result = run_chaos(workdir, args.kills, seed=args.seed, say=lambda line: print(line, flush=True), pipelined=args.pipelined)
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

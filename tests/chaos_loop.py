@@ -1,12 +1,14 @@
 """The chaos child: a real, tiny ``LocalBackend`` training loop that :mod:`chaos` SIGKILLs and reruns.
 
-    python tests/chaos_loop.py --data DIR --markers FILE --steps N [--kill PHASE:MODE:VALUE]
+    python tests/chaos_loop.py --data DIR --markers FILE --steps N [--kill PHASE:MODE:VALUE] [--pipelined]
 
 SmolLM2-135M served by the transformers server: per step two groups of two rollouts (real
 generation, a few tokens), ``backend.train`` (a real GRPO step, save, hot-load),
 ``model.log(split="train")``, then a greedy val eval and ``model.log(split="val")``.  The
 loop is the README's and ``examples/demo.py``'s (resume at ``get_step``, val when not yet
 logged for the step), so a rerun after any kill must finish the run with nothing lost.
+``--pipelined`` runs the same rollouts, steps and evals through ``tracerl.PipelineTrainer``
+(``max_staleness=1``: rollouts run on while a step trains), which resumes by itself.
 
 Each phase appends ``{"pid", "phase", "step", "event": "start"|"end"}`` to the marker file
 (one unbuffered write), so the driver knows where a kill landed.  ``--kill`` makes the
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -139,6 +142,44 @@ async def evaluate(model: tracerl.TrainableModel, phases: Phases, step: int) -> 
         await model.log(groups, split="val", step=step)
 
 
+class MarkedBackend:
+    """``backend.train`` marked as the ``train`` phase (the pipelined loop calls it itself)."""
+
+    def __init__(self, backend: tracerl.LocalBackend, phases: Phases, steps: dict[str, int]) -> None:
+        self.backend, self.phases, self.steps = backend, phases, steps
+
+    async def train(self, model: tracerl.TrainableModel, groups, **kwargs) -> tracerl.TrainResult:
+        self.steps["current"] = await model.get_step() + 1
+        with self.phases.phase("train", self.steps["current"]):
+            return await self.backend.train(model, groups, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+
+async def pipelined(model: tracerl.TrainableModel, backend: tracerl.LocalBackend, phases: Phases, steps: dict[str, int], total: int) -> None:
+    log = model.log
+
+    async def marked_log(groups, *, split, **kwargs):
+        with phases.phase(f"log_{split}", kwargs.get("step", -1)):
+            return await log(groups, split=split, **kwargs)
+
+    async def rollout_group(model: tracerl.TrainableModel, prompt: str, config: None) -> tracerl.TrajectoryGroup:
+        return tracerl.TrajectoryGroup(rollout(model, prompt, 1.0) for _ in range(ROLLOUTS))
+
+    async def val(model: tracerl.TrainableModel, step: int) -> list[tracerl.TrajectoryGroup]:
+        with phases.phase("val", step):
+            return [tracerl.TrajectoryGroup([await rollout(model, p, 0.0)]) for p in VAL_PROMPTS]
+
+    model.log = marked_log  # type: ignore[method-assign]
+    scenarios = (PROMPTS[i % len(PROMPTS)] for i in itertools.count())
+    trainer = tracerl.PipelineTrainer(
+        model, MarkedBackend(backend, phases, steps), rollout_group, scenarios, eval_fn=val, eval_every_n_steps=1,
+        groups_per_step=GROUPS, max_steps=total, max_staleness=1, train_kwargs={"learning_rate": 1e-4},
+    )  # fmt: skip
+    await trainer.train()
+
+
 async def main(args: argparse.Namespace) -> None:
     phases = Phases(args.markers, args.kill)
     steps = {"current": 0}
@@ -147,6 +188,13 @@ async def main(args: argparse.Namespace) -> None:
     backend = tracerl.LocalBackend(inference="transformers")
     with phases.phase("register", 0):
         await model.register(backend)
+    if args.pipelined:
+        try:
+            await pipelined(model, backend, phases, steps, args.steps)
+        finally:
+            await backend.close()
+        phases.mark(phase="done", step=await model.get_step(), event="end")
+        return
     try:
         step = await model.get_step()
         await evaluate(model, phases, step)
@@ -174,4 +222,5 @@ if __name__ == "__main__":
     parser.add_argument("--markers", type=Path, required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--kill", default=None, help="PHASE:op:N or PHASE:delay:SECONDS")
+    parser.add_argument("--pipelined", action="store_true", help="the loop is tracerl.PipelineTrainer")
     asyncio.run(main(parser.parse_args()))
