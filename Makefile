@@ -7,12 +7,13 @@ STAMP := $(VENV)/.tracerl-installed
 VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
 PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
 RAY_STAMP := $(VENV)/.tracerl-ray-installed
+OPENENV_STAMP := $(VENV)/.tracerl-openenv-installed
 DOCS_STAMP := $(VENV)/.tracerl-docs-installed
 BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-docs demo test docs chaos chaos-pipelined bench clean
+.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-docs demo test docs chaos chaos-pipelined bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +56,14 @@ $(RAY_STAMP): $(STAMP)
 
 install-ray: $(RAY_STAMP)
 
+# OpenEnv (openenv-core) for tests/test_openenv.py and examples/openenv_guess.py; it pulls gradio and
+# fastmcp (~150 MB), so it is not in `all`
+$(OPENENV_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[openenv]'
+	touch $(OPENENV_STAMP)
+
+install-openenv: $(OPENENV_STAMP)
+
 # mkdocs-material + mkdocstrings for the docs site (~140 MB). It needs no torch: the API reference reads
 # the source statically (docs/hooks.py), so `make docs` alone sets up only this (and tracerl's light deps).
 $(DOCS_STAMP): pyproject.toml Makefile
@@ -87,7 +96,7 @@ install-ts: $(TS_DIR)/node_modules/.package-lock.json
 demo: install-vllm install-jemalloc
 	$(BIN)/python examples/demo.py
 
-test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray install-docs install-ts
+test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-docs install-ts
 	$(BIN)/python -m pytest -q tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
