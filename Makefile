@@ -8,12 +8,14 @@ VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
 PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
 RAY_STAMP := $(VENV)/.tracerl-ray-installed
 OPENENV_STAMP := $(VENV)/.tracerl-openenv-installed
+VF_VENV := .venv-verifiers
+VF_STAMP := $(VF_VENV)/.tracerl-verifiers-installed
 DOCS_STAMP := $(VENV)/.tracerl-docs-installed
 BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-docs demo test docs chaos chaos-pipelined bench clean
+.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo test docs chaos chaos-pipelined bench bench-pipeline clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -64,6 +66,15 @@ $(OPENENV_STAMP): $(STAMP)
 
 install-openenv: $(OPENENV_STAMP)
 
+# verifiers in its own venv (it pins openai<3 and mcp==2.0.0, which tracerl's cannot share; ~580 MB,
+# ~1 min): examples/verifiers_env/ runs its environment there, connected through the rollout gateway
+$(VF_STAMP): examples/verifiers_env/requirements.txt
+	test -x $(VF_VENV)/bin/python || $(PY) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/pip install -q -r examples/verifiers_env/requirements.txt
+	touch $(VF_STAMP)
+
+install-verifiers: $(VF_STAMP)
+
 # mkdocs-material + mkdocstrings for the docs site (~140 MB). It needs no torch: the API reference reads
 # the source statically (docs/hooks.py), so `make docs` alone sets up only this (and tracerl's light deps).
 $(DOCS_STAMP): pyproject.toml Makefile
@@ -96,13 +107,18 @@ install-ts: $(TS_DIR)/node_modules/.package-lock.json
 demo: install-vllm install-jemalloc
 	$(BIN)/python examples/demo.py
 
-test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-docs install-ts
+test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs install-ts
 	$(BIN)/python -m pytest -q tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
 # check nothing was lost (~10 min on 2 CPU cores); the result is committed as bench/chaos.json
 chaos: $(STAMP)
 	$(BIN)/python tests/chaos.py --kills 24 --out bench/chaos.json
+
+# the synchronous loop vs tracerl.PipelineTrainer, time and steps to held-out 0.9 on the demo task and
+# on the demo with a slow MCP tool, 3 seeds each (~30 min); results in bench/pipeline.json
+bench-pipeline: $(STAMP)
+	$(BIN)/python bench/pipeline.py --seeds 0,1,2
 
 # the same for the pipelined loop (tracerl.PipelineTrainer, rollouts beside the step): 12 kills (~4 min)
 chaos-pipelined: $(STAMP)
@@ -126,4 +142,4 @@ bench: install-vllm install-valgrind $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) .tracerl site .docs-src $(TS_DIR)/node_modules
+	rm -rf $(VENV) $(SKY_VENV) $(VF_VENV) .tracerl site .docs-src $(TS_DIR)/node_modules

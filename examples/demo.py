@@ -24,6 +24,7 @@ import random
 import re
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import tracerl
 from tracerl.train.allocator import describe as describe_allocator
@@ -115,8 +116,18 @@ def score_call(choice: tracerl.Choice, task: dict[str, int]) -> tuple[float, boo
     return reward, False
 
 
-async def rollout(model: tracerl.TrainableModel, task: dict[str, int], *, temperature: float, seed: int | None) -> tracerl.Trajectory:
-    """One multi-turn attempt: tool call, tool result, final answer."""
+async def rollout(
+    model: tracerl.TrainableModel,
+    task: dict[str, int],
+    *,
+    temperature: float,
+    seed: int | None,
+    add_tool: Callable[[int, int], Awaitable[str]] | None = None,
+) -> tracerl.Trajectory:
+    """One multi-turn attempt: tool call, tool result, final answer.
+
+    ``add_tool(a, b)`` runs the tool (``bench/pipeline.py``: an MCP server that takes its
+    time); by default the sum is computed here."""
     client = model.openai_client()
     messages = first_turn_messages(task)
     trajectory = tracerl.Trajectory(messages_and_choices=list(messages), tools=[ADD_TOOL], metadata=dict(task))
@@ -141,7 +152,7 @@ async def rollout(model: tracerl.TrainableModel, task: dict[str, int], *, temper
     trajectory.metrics["tool_call_ok"] = float(call_ok)
     if call_ok:
         call = first.message["tool_calls"][0]
-        result = str(task["a"] + task["b"])
+        result = str(task["a"] + task["b"]) if add_tool is None else await add_tool(task["a"], task["b"])
         trajectory.messages_and_choices.append({"role": "tool", "tool_call_id": call["id"], "content": result})
         answer = await turn(12)
         answered = re.search(rf"\b{result}\b", answer.message.get("content") or "") is not None

@@ -69,14 +69,14 @@ def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path):
         offered.append((context.current_step, deletable))
         return deletable  # as greedy as a policy can be: the trainer must still protect what is in use
 
-    async def run(max_steps: int) -> tuple[PipelineReport, list[dict], list[int]]:
+    async def run(max_steps: int, stop=None) -> tuple[PipelineReport, list[dict], list[int]]:
         model = tracerl.TrainableModel("pipe", "tests", "smollm2-135m", base_path=tmp_path)
         backend = tracerl.LocalBackend(inference="transformers")
         await model.register(backend)
         try:
             trainer = tracerl.PipelineTrainer(
                 model, backend, rollout_group, scenarios, groups_per_step=2, max_steps=max_steps, max_staleness=1,
-                train_kwargs={"learning_rate": 1e-4}, checkpoint_retention=retention,
+                train_kwargs={"learning_rate": 1e-4}, checkpoint_retention=retention, stop=stop,
             )  # fmt: skip
             report = await trainer.train()
             return report, model.history(), await backend.list_checkpoints(model)
@@ -102,7 +102,7 @@ def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path):
     assert turns and all(item["model"].startswith("pipe@") for item in turns)  # every sampled turn says which policy
     assert all(t["metadata"].get("task") != 0 for t in stored)  # the slow group was never trained
 
-    report2, history2, _ = asyncio.run(run(5))
+    report2, history2, _ = asyncio.run(run(9, stop=lambda: True))  # resumed at step 4; stop() ends it after one step
     assert report2.steps == [5]
     offsets = [row["train/scenario_offset"] for row in history2 if "train/scenario_offset" in row]
     assert offsets == sorted(offsets) and len(offsets) == 5 and offsets[-1] > offsets[-2]

@@ -76,7 +76,8 @@ class PipelineTrainer:
     ``TrajectoryGroup(rollout(...) for _ in range(n))``; its failed rollouts count against
     ``max_exceptions`` (a fraction or a number per group) as in :func:`~tracerl.gather_trajectory_groups`.
     ``train_kwargs`` go to ``backend.train`` unchanged (``learning_rate``, ``loss_fn``,
-    ``off_policy_cap``, ...).  ``eval_fn`` runs at the start and every ``eval_every_n_steps``.
+    ``off_policy_cap``, ...).  ``eval_fn`` runs at the start and every ``eval_every_n_steps``;
+    ``stop()``, checked after each step and its eval, ends the run early (a held-out target reached).
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class PipelineTrainer:
         checkpoint_retention: RetentionPolicy | None = None,
         max_exceptions: int | float = 0.25,
         rollout_timeout: float | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         for name, value, least in (("groups_per_step", groups_per_step, 1), ("max_steps", max_steps, 0),
                                    ("max_staleness", max_staleness, 0), ("eval_every_n_steps", eval_every_n_steps, 0)):  # fmt: skip
@@ -108,6 +110,7 @@ class PipelineTrainer:
         self.eval_every_n_steps = eval_every_n_steps
         self.checkpoint_retention = checkpoint_retention
         self.max_exceptions, self.rollout_timeout = max_exceptions, rollout_timeout
+        self.stop = stop
         self._ready: list[_Ready] = []
         self._running: dict[asyncio.Task[_Ready], int] = {}  # task -> the step it started on
         self._failed: list[BaseException] = []  # a group whose rollouts failed past max_exceptions
@@ -160,6 +163,9 @@ class PipelineTrainer:
                         self.model, self.backend, self.checkpoint_retention, protected=self._in_use(step)
                     )
                 await self._evaluate(step)
+                if self.stop is not None and self.stop():
+                    log.info("pipeline: stop() is true at step %d", step)
+                    break
         finally:
             await self._stop()
         report.seconds = time.monotonic() - started

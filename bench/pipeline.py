@@ -1,0 +1,282 @@
+"""The synchronous loop vs ``tracerl.PipelineTrainer``, side by side: time and steps to a held-out target.
+
+Two tasks, each run by both loops over the same seeds, with the demo's model, backend, tasks,
+rollout, reward and held-out set (``examples/demo.py``: SmolLM2-135M, LoRA r16, vLLM serving
+the merged policy when its runtime is installed, 2 groups x 8 rollouts per step, lr 1e-4):
+
+* ``demo``: the demo task as it is (the ``add`` tool is computed in the rollout);
+* ``slow_tool``: the same with the tool served by a real MCP server whose ``add`` sleeps a
+  uniform 0.5-2 s per call (``bench/slow_add_server.py``, stdio, one session shared by the
+  run's rollouts), as agent tools do.
+
+Fixed settings: ``max_staleness`` 1, target held-out reward 0.9 (greedy, the demo's 16 held-out
+tasks), evaluated after every step in both loops, at most ``--max-steps`` steps.  The clock is
+wall time from the first step's start (set-up and the step-0 eval excluded; later evals
+included, the same in both loops).  Utilisation: the trainer's is the time inside
+``backend.train`` over the wall time; inference's is the fraction of 0.25 s samples of vLLM's
+``vllm:num_requests_running`` (its Prometheus ``/metrics``) that are above 0.  Each run is a
+subprocess of its own; the matmul ceiling (``bench/ceiling.py``) is measured before each.
+
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2     (make bench-pipeline)
+    .venv/bin/python bench/pipeline.py --table-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "bench"))
+TASKS = ("demo", "slow_tool")
+LOOPS = ("synchronous", "pipelined")
+
+
+# -- one run (a worker process) -----------------------------------------------------------
+def demo_args(seed: int, data: str) -> argparse.Namespace:
+    import demo
+
+    saved = sys.argv
+    try:
+        sys.argv = ["demo.py", "--seed", str(seed), "--data", data]
+        return demo.parse_args()
+    finally:
+        sys.argv = saved
+
+
+class SlowAdd:
+    """The MCP server's ``add``, one stdio session for the run's rollouts (concurrent calls wait side by side)."""
+
+    async def __aenter__(self) -> "SlowAdd":
+        from contextlib import AsyncExitStack
+
+        from mcp import ClientSession, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        self.stack = AsyncExitStack()
+        params = StdioServerParameters(command=sys.executable, args=[str(ROOT / "bench" / "slow_add_server.py")])
+        read, write = await self.stack.enter_async_context(stdio_client(params))
+        self.session = await self.stack.enter_async_context(ClientSession(read, write))
+        await asyncio.wait_for(self.session.initialize(), 60)
+        return self
+
+    async def __call__(self, a: int, b: int) -> str:
+        result = await asyncio.wait_for(self.session.call_tool("add", {"a": a, "b": b}), 60)
+        return result.content[0].text
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stack.aclose()
+
+
+class InferenceBusy:
+    """Samples vLLM's running-request gauge every 0.25 s through the proxy."""
+
+    def __init__(self, model: Any) -> None:
+        self.url = model.inference_base_url.removesuffix("/v1") + "/metrics"
+        self.headers = {"Authorization": f"Bearer {model.inference_api_key}"}
+        self.samples: list[float] = []
+        self.task: asyncio.Task | None = None
+
+    async def _poll(self) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=5, headers=self.headers) as client:
+            while True:
+                try:
+                    text = (await client.get(self.url)).text
+                    running = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+                    self.samples.append(running)
+                except (httpx.HTTPError, ValueError, IndexError):
+                    pass
+                await asyncio.sleep(0.25)
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._poll())
+
+    async def stop(self) -> float | None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        return sum(1 for s in self.samples if s > 0) / len(self.samples) if self.samples else None
+
+
+class TimedBackend:
+    """The backend, with the time inside ``train`` summed (the trainer's busy time)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.busy = backend, 0.0
+
+    async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return await self.backend.train(model, groups, **kwargs)
+        finally:
+            self.busy += time.monotonic() - started
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+
+async def run_one(loop: str, task: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    import demo
+
+    import tracerl
+
+    dargs = demo_args(seed, tempfile.mkdtemp(prefix="bench-pipeline-"))
+    train_tasks, val_tasks = demo.make_tasks(seed, 400), demo.make_tasks(10_000 + seed, dargs.val_tasks)
+    model = demo.make_model(dargs, name=f"{loop}-{task}-s{seed}")
+    backend = TimedBackend(demo.make_backend(dargs))
+    await model.register(backend.backend)
+    evals: list[dict[str, float]] = []
+    clock = {"start": 0.0}
+
+    async with SlowAdd() if task == "slow_tool" else _nothing() as add_tool:
+
+        def one(t: dict, temperature: float, rollout_seed: int | None) -> Any:
+            return demo.rollout(model, t, temperature=temperature, seed=rollout_seed, add_tool=add_tool)
+
+        async def evaluate(_model: Any, step: int) -> list[tracerl.TrajectoryGroup]:
+            trajectories = await tracerl.gather_trajectories((one(t, 0.0, 0) for t in val_tasks), pbar_desc=None, max_exceptions=len(val_tasks))
+            reward = sum(t.reward for t in trajectories) / len(val_tasks)
+            evals.append({"step": step, "heldout": reward, "seconds": time.monotonic() - clock["start"] if step else 0.0})
+            print(f"[{loop}/{task}/s{seed}] step {step}: held-out {reward:.3f} at {evals[-1]['seconds']:.0f}s", flush=True)
+            return [tracerl.TrajectoryGroup([t]) for t in trajectories]
+
+        def reached() -> bool:
+            return evals[-1]["heldout"] >= args.target - 1e-9
+
+        def rollout_group(_model: Any, item: tuple[int, int, dict], _config: Any) -> tracerl.TrajectoryGroup:
+            step, g, t = item
+            return tracerl.TrajectoryGroup(one(t, 1.0, seed * 1_000_003 + step * 997 + g * 31 + i) for i in range(dargs.rollouts))
+
+        busy = InferenceBusy(model)
+        try:
+            await model.log(await evaluate(model, 0), split="val", step=0)
+            scenarios = [(i // dargs.groups_per_step, i % dargs.groups_per_step, t) for i, t in enumerate(train_tasks)]
+            busy.start()
+            clock["start"] = time.monotonic()
+            if loop == "synchronous":
+                step = 0
+                while step < args.max_steps and not reached():
+                    batch = scenarios[step * dargs.groups_per_step : (step + 1) * dargs.groups_per_step]
+                    groups = await tracerl.gather_trajectory_groups((rollout_group(model, item, None) for item in batch), pbar_desc=None, max_exceptions=0.25)
+                    result = await backend.train(model, groups, learning_rate=dargs.lr)
+                    step = result.step
+                    await model.log(groups, split="train", metrics=result.metrics, step=step)
+                    await model.log(await evaluate(model, step), split="val", step=step)
+            else:
+                trainer = tracerl.PipelineTrainer(
+                    model, backend, rollout_group, scenarios, eval_fn=evaluate, eval_every_n_steps=1,
+                    groups_per_step=dargs.groups_per_step, max_steps=args.max_steps, max_staleness=args.max_staleness,
+                    train_kwargs={"learning_rate": dargs.lr}, stop=reached,
+                )  # fmt: skip
+                await trainer.train()
+            wall = time.monotonic() - clock["start"]
+            inference = await busy.stop()
+        finally:
+            await busy.stop()
+            await backend.close()
+    hit = next((e for e in evals if e["heldout"] >= args.target - 1e-9), None)
+    rows = [r for r in model.history() if "train/reward" in r]
+    return {
+        "loop": loop, "task": task, "seed": seed, "target": args.target, "max_staleness": args.max_staleness,
+        "reached": hit is not None, "seconds_to_target": hit["seconds"] if hit else None, "steps_to_target": hit["step"] if hit else None,
+        "wall_seconds": round(wall, 1), "steps": len(rows), "trainer_utilisation": round(backend.busy / wall, 3),
+        "inference_utilisation": round(inference, 3) if inference is not None else None,
+        "serving": "merged" if backend.backend.serve_merged else "lora", "evals": evals,
+        "dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in rows),
+        "staleness_mean": statistics.fmean(r.get("train/staleness_mean", 0.0) for r in rows) if rows else 0.0,
+    }  # fmt: skip
+
+
+class _nothing:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+
+# -- the driver ---------------------------------------------------------------------------
+def run_worker(loop: str, task: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    from ceiling import measure_ceiling
+
+    ceiling = measure_ceiling()
+    cmd = [sys.executable, __file__, "--worker", loop, "--task", task, "--seed", str(seed), "--target", str(args.target),
+           "--max-steps", str(args.max_steps), "--max-staleness", str(args.max_staleness)]  # fmt: skip
+    print(f"running {loop} on {task}, seed {seed} ...", flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        print(proc.stdout[-3000:], proc.stderr[-6000:], sep="\n")
+        raise SystemExit(f"{loop}/{task}/seed {seed} failed (rc {proc.returncode})")
+    return {**json.loads(line[len("RESULT ") :]), "ceiling": ceiling}
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.0f} [{min(values):.0f}-{max(values):.0f}]"
+
+
+def print_table(runs: list[dict[str, Any]]) -> None:
+    print("| task | loop | seeds reaching 0.9 | time to target, s: median [min-max] | steps to target | trainer util. | inference util. | groups dropped stale | matmul ceiling GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    medians: dict[tuple[str, str], float] = {}
+    for task in TASKS:
+        for loop in LOOPS:
+            mine = [r for r in runs if r["task"] == task and r["loop"] == loop]
+            if not mine:
+                continue
+            times = [r["seconds_to_target"] for r in mine if r["reached"]]
+            steps = [float(r["steps_to_target"]) for r in mine if r["reached"]]
+            if len(times) == len(mine):
+                medians[(task, loop)] = statistics.median(times)
+            util = lambda key: f"{statistics.median([r[key] for r in mine if r[key] is not None]):.2f}" if any(r[key] is not None for r in mine) else "-"  # noqa: E731
+            ceil = statistics.median(r["ceiling"]["matmul_gflops"] for r in mine) if all("ceiling" in r for r in mine) else float("nan")
+            print(f"| {task} | {loop} | {len(times)}/{len(mine)} | {spread(times)} | {spread(steps)} | {util('trainer_utilisation')} | "
+                  f"{util('inference_utilisation')} | {sum(r['dropped_stale'] for r in mine):.0f} | {ceil:.0f} |")  # fmt: skip
+    for task in TASKS:
+        if (task, "synchronous") in medians and (task, "pipelined") in medians:
+            print(f"\n{task}: the pipelined loop reaches the target {medians[(task, 'synchronous')] / medians[(task, 'pipelined')]:.2f}x sooner (ratio of medians)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--target", type=float, default=0.9)
+    p.add_argument("--max-steps", type=int, default=20)
+    p.add_argument("--max-staleness", type=int, default=1)
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "pipeline.json")
+    p.add_argument("--table-only", action="store_true")
+    p.add_argument("--worker", choices=LOOPS)
+    p.add_argument("--task", choices=TASKS)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.worker:
+        print("RESULT " + json.dumps(asyncio.run(run_one(args.worker, args.task, args.seed, args))), flush=True)
+        return
+    runs: list[dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else []
+    if not args.table_only:
+        runs = [r for r in runs if not (r["task"] in args.tasks.split(",") and str(r["seed"]) in args.seeds.split(","))]
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for task in args.tasks.split(","):
+                order = LOOPS if seed % 2 == 0 else LOOPS[::-1]  # alternate which loop runs first
+                for loop in order:
+                    runs.append(run_worker(loop, task, seed, args))
+                    args.results.write_text(json.dumps(runs, indent=1) + "\n")  # an interrupted sweep keeps what finished
+    print_table(runs)
+
+
+if __name__ == "__main__":
+    main()
