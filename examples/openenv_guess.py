@@ -7,7 +7,7 @@ The environment is a number-guessing game written against ``openenv-core`` (``En
 uvicorn on loopback (no Docker), and played through OpenEnv's own async client
 (``GenericEnvClient``, WebSockets).  Each rollout is one episode: the policy served by tracerl
 guesses, the environment answers "higher" or "lower", up to four guesses.  Step rewards are
-summed (:func:`tracerl.integrations.openenv.openenv_episode`): +1 for the right number, -0.1
+summed (:func:`tracerl.envs.openenv.openenv_episode`): +1 for the right number, -0.1
 per wrong guess, -0.3 for a reply with no number in range.
 """
 
@@ -25,7 +25,7 @@ from openenv.core import Action, Environment, Observation, State
 from openenv.core.env_server import create_fastapi_app
 
 import tracerl
-from tracerl.integrations.openenv import openenv_episode
+from tracerl.envs.openenv import openenv_episode
 from tracerl.net.http_server import BackgroundUvicorn
 
 LOW, HIGH, MAX_GUESSES = 1, 16, 4

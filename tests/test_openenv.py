@@ -17,7 +17,7 @@ import pytest
 
 import tracerl
 from tracerl.errors import ConfigError, InfrastructureError
-from tracerl.integrations.openenv import openenv_episode
+from tracerl.envs.openenv import openenv_episode
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openenv_guess.py"
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, Sequence
 
-from ..errors import ConfigError, InfrastructureError
-from .rollout import rollout
+from tracerl.errors import ConfigError, InfrastructureError
+from tracerl.integrations import rollout
 
 RewardRule = Literal["sum", "last"] | Callable[[Sequence[float]], float]
 
