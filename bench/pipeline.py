@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import subprocess
@@ -139,7 +140,7 @@ async def run_one(loop: str, task: str, seed: int, args: argparse.Namespace) -> 
     evals: list[dict[str, float]] = []
     clock = {"start": 0.0}
 
-    async with SlowAdd() if task == "slow_tool" else _nothing() as add_tool:
+    async with SlowAdd() if task == "slow_tool" else contextlib.nullcontext() as add_tool:
 
         def one(t: dict, temperature: float, rollout_seed: int | None) -> Any:
             return demo.rollout(model, t, temperature=temperature, seed=rollout_seed, add_tool=add_tool)
@@ -181,9 +182,8 @@ async def run_one(loop: str, task: str, seed: int, args: argparse.Namespace) -> 
                 )  # fmt: skip
                 await trainer.train()
             wall = time.monotonic() - clock["start"]
-            inference = await busy.stop()
         finally:
-            await busy.stop()
+            inference = await busy.stop()
             await backend.close()
     hit = next((e for e in evals if e["heldout"] >= args.target - 1e-9), None)
     rows = [r for r in model.history() if "train/reward" in r]
@@ -196,14 +196,6 @@ async def run_one(loop: str, task: str, seed: int, args: argparse.Namespace) -> 
         "dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in rows),
         "staleness_mean": statistics.fmean(r.get("train/staleness_mean", 0.0) for r in rows) if rows else 0.0,
     }  # fmt: skip
-
-
-class _nothing:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: Any) -> None:
-        return None
 
 
 # -- the driver ---------------------------------------------------------------------------

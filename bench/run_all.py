@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "capture_rounds_turns": ["--rounds", "20", "--turns", "--json", "{raw}/capture_rounds_turns_results.json"],
     "capture_memory": [],
     "langgraph_overhead": [],
+    "pipeline": ["--seeds", "0,1,2", "--results", "{raw}/pipeline_results.json"],
 }  # fmt: skip
 
 

@@ -174,7 +174,7 @@ class LocalBackend:
         server.gate.policy = name  # type: ignore[attr-defined]
         return server
 
-    async def _reload_merged(self, state: _Registered, step: int, trainer: "LoRATrainer", policy: str | None = None) -> None:
+    async def _reload_merged(self, state: _Registered, step: int, trainer: "LoRATrainer", policy: str) -> None:
         """Write the trainer's policy as a full model and have vLLM reload it in place; keep only that copy."""
         from .merged_weights import write_merged_model
 
