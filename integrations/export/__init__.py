@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Mapping
 
@@ -53,8 +52,7 @@ def export_to_langfuse(
     ``should_export_span=langfuse_sdk_own_spans``, keeps sending its own spans; tracerl sends
     the rest, each span once.
     """
-    host = host or os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or langfuse.DEFAULT_HOST
-    host = otlp.check_url(host.rstrip("/"), "Langfuse host")
+    host = langfuse.langfuse_host(host)
     for path in (langfuse.SCORES_PATH, langfuse.PROJECTS_PATH):  # tracerl's own traffic (OTEL_PATH: in attach)
         mark_internal_url(host + path)
     headers = langfuse.auth_headers(public_key, secret_key)
@@ -83,7 +81,7 @@ def export_to_otlp(
     Returns the processor (``force_flush()`` / ``shutdown()``); calling again with the same
     endpoint returns the same one.  Raises :class:`~tracerl.ConfigError` for a bad URL or compression.
     """
-    url = otlp.check_url(endpoint, "OTLP endpoint")
+    url = langfuse.check_url(endpoint, "OTLP endpoint")
     if compression not in ("gzip", "deflate", "none"):
         raise ConfigError(f"compression must be 'gzip', 'deflate' or 'none', not {compression!r}")
     where = langfuse.destination(environment, None, None) if add_langfuse_attributes else None

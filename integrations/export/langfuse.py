@@ -28,6 +28,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 import httpx
 from opentelemetry.sdk.trace import ReadableSpan
@@ -204,19 +205,38 @@ def is_sdk_span(span: ReadableSpan) -> bool:
     return scope is not None and scope.name.startswith("langfuse-sdk")
 
 
-# -- keys ---------------------------------------------------------------------------------------------
-def auth_headers(public_key: str | None, secret_key: str | None) -> dict[str, str]:
-    """Langfuse's headers (Basic auth, ingestion version 4), or :class:`ConfigError` for missing/swapped keys."""
+# -- host and keys (the exporter's and the importer's) ---------------------------------------------------
+def check_url(url: str, what: str) -> str:
+    parts = urlsplit(url or "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{what} {url!r} is not an http(s) URL (e.g. http://localhost:3000)")
+    return url
+
+
+def langfuse_host(host: str | None) -> str:
+    """``host``, else ``LANGFUSE_BASE_URL`` / ``LANGFUSE_HOST``, else Langfuse Cloud; checked, no trailing ``/``."""
+    host = host or os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or DEFAULT_HOST
+    return check_url(host.rstrip("/"), "Langfuse host")
+
+
+def langfuse_keys(public_key: str | None, secret_key: str | None, needed_by: str) -> tuple[str, str, str]:
+    """(public key, secret key, ``Basic ...`` header value) from the arguments or the environment, or
+    :class:`ConfigError` naming the missing ones."""
     public_key = public_key or os.environ.get("LANGFUSE_PUBLIC_KEY")
     secret_key = secret_key or os.environ.get("LANGFUSE_SECRET_KEY")
     if not public_key or not secret_key:
         given = (("LANGFUSE_PUBLIC_KEY", public_key), ("LANGFUSE_SECRET_KEY", secret_key))
         missing = " and ".join(name for name, value in given if not value)
-        raise ConfigError(f"export_to_langfuse needs API keys: pass public_key=/secret_key= or set {missing}")
+        raise ConfigError(f"{needed_by} needs API keys: pass public_key=/secret_key= or set {missing}")
+    return public_key, secret_key, "Basic " + base64.b64encode(f"{public_key}:{secret_key}".encode()).decode("ascii")
+
+
+def auth_headers(public_key: str | None, secret_key: str | None) -> dict[str, str]:
+    """Langfuse's headers (Basic auth, ingestion version 4), or :class:`ConfigError` for missing/swapped keys."""
+    public_key, secret_key, authorization = langfuse_keys(public_key, secret_key, "export_to_langfuse")
     if public_key.startswith("sk-lf-") or secret_key.startswith("pk-lf-"):
         raise ConfigError("Langfuse keys look swapped: the public key starts with pk-lf-, the secret key with sk-lf-")
-    token = base64.b64encode(f"{public_key}:{secret_key}".encode()).decode("ascii")
-    return {"Authorization": f"Basic {token}", "x-langfuse-public-key": public_key, "x-langfuse-ingestion-version": "4"}
+    return {"Authorization": authorization, "x-langfuse-public-key": public_key, "x-langfuse-ingestion-version": "4"}
 
 
 def check_keys(host: str, headers: Mapping[str, str], timeout_s: float) -> None:

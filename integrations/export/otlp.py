@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from typing import Any, Mapping
-from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -97,13 +96,6 @@ _active: dict[tuple[int, str], ExportProcessor] = {}
 def active() -> list[ExportProcessor]:
     """The configured destinations (a copy)."""
     return list(_active.values())
-
-
-def check_url(url: str, what: str) -> str:
-    parts = urlsplit(url or "")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{what} {url!r} is not an http(s) URL (e.g. http://localhost:3000)")
-    return url
 
 
 def attach(

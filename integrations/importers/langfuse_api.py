@@ -20,10 +20,8 @@ up to ``max_retries`` times; 401/403 and anything else fail at once.  Failures r
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import email.utils
-import os
 import time
 from typing import Any, Callable, Iterator
 from urllib.parse import quote
@@ -34,11 +32,10 @@ from opentelemetry import context
 from tracerl.errors import ConfigError
 from tracerl.net.untraced import suppressed_context
 
+from ..export.langfuse import langfuse_host, langfuse_keys
 from ..outbound import mark_internal_url
-
 from .errors import TraceSourceError
 
-DEFAULT_HOST = "https://cloud.langfuse.com"
 TRACES_PATH = "/api/public/traces"
 OBSERVATIONS_V2_PATH = "/api/public/v2/observations"
 OBSERVATIONS_V1_PATH = "/api/public/observations"
@@ -65,20 +62,13 @@ class LangfuseReader:
         page_size: int = 50,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.host = _host(host)
+        self.host = langfuse_host(host)
         for path in (TRACES_PATH, OBSERVATIONS_V2_PATH, OBSERVATIONS_V1_PATH):  # tracerl's own reads
             mark_internal_url(self.host + path)
-        public_key = public_key or os.environ.get("LANGFUSE_PUBLIC_KEY")
-        secret_key = secret_key or os.environ.get("LANGFUSE_SECRET_KEY")
-        if not public_key or not secret_key:
-            missing = [n for n, v in (("LANGFUSE_PUBLIC_KEY", public_key), ("LANGFUSE_SECRET_KEY", secret_key)) if not v]
-            raise ConfigError(f"importing from Langfuse needs API keys: pass them or set {' and '.join(missing)}")
+        authorization = langfuse_keys(public_key, secret_key, "importing from Langfuse")[2]
         if timeout_s <= 0 or max_retries < 0 or page_size < 1:
             raise ConfigError("timeout_s must be > 0, max_retries >= 0 and page_size >= 1")
-        token = base64.b64encode(f"{public_key}:{secret_key}".encode()).decode("ascii")
-        self._client = httpx.Client(
-            base_url=self.host, headers={"Authorization": f"Basic {token}"}, timeout=timeout_s
-        )
+        self._client = httpx.Client(base_url=self.host, headers={"Authorization": authorization}, timeout=timeout_s)
         self.max_retries, self.max_backoff_s, self.page_size = max_retries, max_backoff_s, page_size
         self.sleep = sleep
         self.retries = 0
@@ -220,14 +210,6 @@ class LangfuseReader:
 
 class _NotFound(TraceSourceError):
     """404 (an endpoint this server does not have, or an unknown trace id)."""
-
-
-def _host(host: str | None) -> str:
-    host = (host or os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or DEFAULT_HOST).rstrip("/")
-    parts = httpx.URL(host)
-    if parts.scheme not in ("http", "https") or not parts.host:
-        raise ConfigError(f"Langfuse host {host!r} is not an http(s) URL (e.g. http://localhost:3000)")
-    return host
 
 
 def parse_since(value: str | dt.datetime | None) -> dt.datetime | None:
