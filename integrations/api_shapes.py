@@ -41,7 +41,12 @@ def _completion(answer: Any, texts: list[str], calls: list[dict[str, Any]], fini
         "id": field(answer, "id"), "model": field(answer, "model"), "choices": [choice],
         "usage": {"prompt_tokens": field(usage, "input_tokens"), "completion_tokens": field(usage, "output_tokens")},
     }  # fmt: skip
-    ids, prompt_ids, logprobs = (extra_field(answer, name) for name in ("token_ids", "prompt_token_ids", "token_logprobs"))
+    return _with_tokens(completion, *(extra_field(answer, name) for name in ("token_ids", "prompt_token_ids", "token_logprobs")))
+
+
+def _with_tokens(completion: dict[str, Any], ids: Any, prompt_ids: Any, logprobs: Any) -> dict[str, Any]:
+    """``completion`` with the token fields a tracerl endpoint sent (each None when it sent none)."""
+    choice = completion["choices"][0]
     if ids is not None:
         choice["token_ids"] = list(ids)
     if prompt_ids is not None:
@@ -153,12 +158,5 @@ def completions_completion(completion: Any, _chat: dict[str, Any]) -> dict[str, 
     usage = field(completion, "usage")
     chat = _completion(answer, [field(first, "text") or ""], [], str(field(first, "finish_reason") or "stop"))
     chat["usage"] = {"prompt_tokens": field(usage, "prompt_tokens"), "completion_tokens": field(usage, "completion_tokens")}
-    ids, prompt_ids = extra_field(first, "token_ids"), extra_field(completion, "prompt_token_ids") or extra_field(first, "prompt_token_ids")
-    logprobs = field(field(first, "logprobs"), "token_logprobs")
-    if ids is not None:
-        chat["choices"][0]["token_ids"] = list(ids)
-    if prompt_ids is not None:
-        chat["prompt_token_ids"] = list(prompt_ids)
-    if logprobs is not None:
-        chat["choices"][0]["logprobs"] = {"content": [{"logprob": float(value)} for value in logprobs]}
-    return chat
+    prompt_ids = extra_field(completion, "prompt_token_ids") or extra_field(first, "prompt_token_ids")
+    return _with_tokens(chat, extra_field(first, "token_ids"), prompt_ids, field(field(first, "logprobs"), "token_logprobs"))

@@ -97,7 +97,7 @@ def _make_handler_class() -> type:
             span = self._runs.close(run_id)
             if span is not None:
                 with guard("langchain_retriever_end"):
-                    runs.set_on(span, runs.retrieved_documents(list(documents or ())))
+                    span.set_attributes(runs.retrieved_documents(list(documents or ())))
                     span.end()
 
         def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:

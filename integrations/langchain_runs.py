@@ -219,14 +219,9 @@ def leave_parent(token: Any) -> None:
         otel_context.detach(token)
 
 
-class _QuietDetach(logging.Filter):
+def _quiet(record: logging.LogRecord) -> bool:
     """Drops OpenTelemetry's "Failed to detach context" error while :func:`_detach` runs."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Failed to detach context" not in record.getMessage()
-
-
-_quiet = _QuietDetach()
+    return "Failed to detach context" not in record.getMessage()
 
 
 def _detach(token: Any) -> None:
@@ -282,12 +277,6 @@ def retrieved_documents(documents: Sequence[Any]) -> dict[str, Any]:
         if metadata:
             out[prefix + "metadata"] = json.dumps(metadata, default=str, ensure_ascii=False)
     return out
-
-
-def set_on(span: Any, attributes: dict[str, Any]) -> None:
-    """Set attributes on a run's span."""
-    if attributes:
-        span.set_attributes(attributes)
 
 
 def control_flow_errors() -> tuple[type, ...]:

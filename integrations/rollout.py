@@ -331,9 +331,7 @@ class Rollout:
         return run_sync
 
     def _take_result(self, result: Any) -> None:
-        if isinstance(result, bool) or result is None:
-            self.output = result
-        elif isinstance(result, (int, float)):
+        if isinstance(result, (int, float)) and not isinstance(result, bool):
             self.reward = float(result)
         else:
             self.output = result

@@ -55,13 +55,11 @@ class ChunkAccumulator:
                     self.prompt_token_ids = ints(extra_field(choice, "prompt_token_ids"))
                 ids = extra_field(choice, "token_ids")
                 if ids:  # extended in place: a stream of n chunks is O(n), not O(n²)
-                    if self.token_ids is None:
-                        self.token_ids = []
+                    self.token_ids = self.token_ids or []
                     self.token_ids.extend(map(int, ids))
                 values = logprob_values(field(choice, "logprobs"))
                 if values:
-                    if self.logprobs is None:
-                        self.logprobs = []
+                    self.logprobs = self.logprobs or []
                     self.logprobs.extend(values)
 
     def finish(self, span: Any) -> None:

@@ -203,8 +203,5 @@ def _nanoseconds(value: Any) -> int:
         when = dt.datetime.fromisoformat(value)
     except ValueError:
         return 0
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-    delta = when - epoch
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+    when = when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+    return (when - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1) * 1000

@@ -22,6 +22,7 @@ import base64
 import gzip
 import json
 import os
+import string
 import struct
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -37,6 +38,7 @@ from .. import semconv as sc
 from .errors import TraceImportError
 from .records import ImportSummary, trajectories_from_spans
 
+_HEX_DIGITS = frozenset(string.hexdigits)
 IMPORTED_LAYER = "import"
 """``tracerl.layer`` given to tool spans of other instrumentors, so their results are used."""
 
@@ -104,13 +106,9 @@ def _base64_ids(request: Any) -> Any:
                 for holder in [span, *(span.get("links") or [])]:
                     for key, sizes in (("traceId", (32, 16)), ("spanId", (16,)), ("parentSpanId", (16,))):
                         value = holder.get(key)
-                        if isinstance(value, str) and len(value) in sizes and _is_hex(value):
+                        if isinstance(value, str) and len(value) in sizes and set(value) <= _HEX_DIGITS:
                             holder[key] = base64.b64encode(bytes.fromhex(value.rjust(sizes[0], "0"))).decode()
     return request
-
-
-def _is_hex(value: str) -> bool:
-    return all(c in "0123456789abcdefABCDEF" for c in value)
 
 
 # -- protobuf --------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from tracerl.types import Trajectory, TrajectoryGroup
 
 from .. import semconv as sc
 from ..convert import spans_to_trajectory
+from ..layers import is_model_call_attributes
 from ..messages import canonical
 
 GroupBy = Literal["session", "task", "trace"]
@@ -116,12 +117,7 @@ def trajectories_from_spans(
 def _only_root_calls(spans: list[ReadableSpan], trajectory: Trajectory) -> bool:
     ids = {s.context.span_id for s in spans}
     roots = [s for s in spans if s.parent is None or s.parent.span_id not in ids]
-    return trajectory.metrics.get("capture_model_calls") == 1 and all(_is_model_call(s) for s in roots)
-
-
-def _is_model_call(span: ReadableSpan) -> bool:
-    attributes = span.attributes or {}
-    return attributes.get(sc.OPERATION_NAME) in sc.LLM_OPERATIONS or attributes.get(sc.OI_SPAN_KIND) == "LLM"
+    return trajectory.metrics.get("capture_model_calls") == 1 and all(is_model_call_attributes(s.attributes) for s in roots)
 
 
 def _without_duplicate_traces(built: list[_Trace], summary: ImportSummary) -> list[_Trace]:
