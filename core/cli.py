@@ -132,6 +132,7 @@ def serve(
     access_log: Optional[str] = typer.Option(None, help="Append one line per request to this file ('-': stderr); never headers or bodies."),
     tensor_parallel_size: Optional[int] = typer.Option(None, help="vLLM: GPUs per model (its --tensor-parallel-size)."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, help="vLLM: its share of each GPU (default 0.9); it sleeps during training steps on a GPU."),
+    tinker: bool = typer.Option(False, "--tinker", help="Also speak the Tinker API (/api/v1) for the official tinker SDK; its key is --token (tml-...)."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
@@ -186,9 +187,19 @@ def serve(
     log_stream = None if access_log is None else sys.stderr if access_log == "-" else open(access_log, "a", buffering=1)  # noqa: SIM115 - lives as long as the server
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     typer.echo(f"tracerl serve: backend at {url}  ->  tracerl.RemoteBackend({url!r}{', token=...' if token else ''})", err=True)
+    tinker_service = None
+    if tinker:
+        import importlib.util
+
+        if importlib.util.find_spec("tinker") is None:
+            raise typer.BadParameter("needs the tinker SDK: pip install 'tracerl[tinker]'", param_hint="--tinker")
+        from .tinker.service import TinkerService
+
+        tinker_service = TinkerService(Path(path) / "tinker")
+        typer.echo(f"tracerl serve: Tinker API at {url}  ->  tinker.ServiceClient(base_url={url!r}, api_key=<--token>)", err=True)
     served = create_app(
         backend, token=token, max_body_bytes=int(max_body_mb * 2**20), policy=policy,
-        inference_timeout=inference_timeout, access_log=log_stream,
+        inference_timeout=inference_timeout, access_log=log_stream, tinker=tinker_service,
     )  # fmt: skip
     uvicorn.run(served, host=host, port=port, log_level="info", access_log=False)  # uvicorn's own access log is off: ours never logs query strings
 

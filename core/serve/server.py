@@ -43,6 +43,7 @@ from .remote_backend import API, decode_groups
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import Backend
+    from ..tinker.service import TinkerService
 
 log = logging.getLogger("tracerl.serve")
 
@@ -169,6 +170,7 @@ def create_app(
     policy: ModelPolicy | None = None,
     inference_timeout: float | None = DEFAULT_INFERENCE_TIMEOUT,
     access_log: TextIO | None = None,
+    tinker: "TinkerService | None" = None,
 ) -> FastAPI:
     """The ``tracerl serve`` app around ``backend`` (closed when the app shuts down).
 
@@ -181,6 +183,8 @@ def create_app(
     of an answer); past it the caller gets a 504 ``InferenceTimeoutError``.
     ``access_log``: a text stream that gets one line per request (client, method, path, status,
     duration, bytes; never headers, query strings or bodies).
+    ``tinker``: also speak the Tinker API (``/api/v1``, :mod:`tracerl.tinker.routes`), started
+    with the app and closed with it; it takes the same ``token`` (as ``X-API-Key``).
     """
     token = token or None
     policy = policy or ModelPolicy()
@@ -190,8 +194,14 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await state.close()
+        if tinker is not None:
+            await tinker.start()
+        try:
+            yield
+        finally:
+            if tinker is not None:
+                await tinker.close()
+            await state.close()
 
     async def authorize(request: Request) -> None:
         if token is None:
@@ -352,6 +362,10 @@ def create_app(
 
     app.include_router(public)
     app.include_router(router)
+    if tinker is not None:
+        from ..tinker.routes import install
+
+        install(app, tinker, token=token)
     app.add_middleware(GatewayMiddleware)  # /rollouts/{token}/v1/... is /v1/... with the rollout's header
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if access_log is not None:

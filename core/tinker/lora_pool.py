@@ -1,0 +1,236 @@
+"""Many LoRA adapters on one copy of a base model, each with its own Adam state.
+
+What a Tinker service needs from a trainer: every training client is one adapter of peft's
+multi-adapter model over the shared base, so N tenants' models cost one base plus N small
+adapters.  Operations are the Tinker ones, per adapter: ``forward`` (logprobs only),
+``forward_backward`` (gradients *add up* until the next ``optim_step``, as Tinker defines it),
+``optim_step`` (Adam with the caller's parameters), ``save``/``load`` (adapter, optionally the
+optimizer).  The pool is not thread-safe: the service runs its operations one at a time.
+
+Adapters are saved in peft's standard layout (``adapter_config.json`` +
+``adapter_model.safetensors``), so tracerl's inference servers and vLLM load them as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, NonFiniteError, TrajectoryError
+from ..inference.devices import (
+    TRAIN_OVERHEAD,
+    check_room_for,
+    default_device,
+    dtype_for,
+)
+from .losses import LOSS_INPUTS, tinker_loss
+
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+UNEMBED_MODULES = ("lm_head",)
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A Tinker LoRA training client's settings (``create_lora_training_client``'s arguments)."""
+
+    rank: int = 32
+    seed: int | None = None
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+
+    def target_modules(self) -> list[str]:
+        modules = [
+            *(ATTENTION_MODULES if self.train_attn else ()),
+            *(MLP_MODULES if self.train_mlp else ()),
+            *(UNEMBED_MODULES if self.train_unembed else ()),
+        ]
+        if not modules:
+            raise ConfigError("train_mlp, train_attn and train_unembed are all False: nothing would be trained")
+        return modules
+
+
+@dataclass(frozen=True)
+class Datum:
+    """One training example: input tokens and its loss inputs (tensors of the same length)."""
+
+    tokens: list[int]
+    inputs: Mapping[str, torch.Tensor]
+
+
+@dataclass
+class _Adapter:
+    name: str  # peft's adapter name (a safe identifier), not the client's model id
+    spec: AdapterSpec
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Adam
+
+
+class LoRAPool:
+    """One base model (fp32 on CPU, bf16 on CUDA) and the adapters trained on it."""
+
+    def __init__(self, model_path: str | Path, *, device: str | None = None, dtype: torch.dtype | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.device = device or default_device()
+        self.dtype = dtype or dtype_for(self.device)
+        check_room_for(model_path, self.device, overhead=TRAIN_OVERHEAD, what="the trainer", dtype=self.dtype)
+        self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device)
+        self.base.config.use_cache = False
+        self.vocab_size = self.base.get_input_embeddings().num_embeddings
+        self.peft_model: Any = None  # the PeftModel, once the first adapter exists
+        self.adapters: dict[str, _Adapter] = {}
+        self._next = 0
+
+    # -- adapters -----------------------------------------------------------------
+    def create(self, model_id: str, spec: AdapterSpec) -> None:
+        """A fresh adapter for ``model_id`` (LoRA B = 0, so it starts as the base model)."""
+        from peft import LoraConfig
+
+        if model_id in self.adapters:
+            raise ConfigError(f"adapter {model_id!r} exists already")
+        config = LoraConfig(r=spec.rank, lora_alpha=spec.rank, lora_dropout=0.0, target_modules=spec.target_modules(), task_type="CAUSAL_LM")
+        self._add(model_id, spec, config)
+
+    def _add(self, model_id: str, spec: AdapterSpec, config: Any) -> _Adapter:
+        from peft import get_peft_model
+
+        name = f"a{self._next}"
+        self._next += 1
+        with torch.random.fork_rng(devices=[]):  # the seed decides LoRA A, without moving the process's RNG
+            if spec.seed is not None:
+                torch.manual_seed(spec.seed)
+            if self.peft_model is None:
+                self.peft_model = get_peft_model(self.base, config, adapter_name=name)
+            else:
+                self.peft_model.add_adapter(name, config)
+        params = [p for n, p in self.peft_model.named_parameters() if f".{name}." in n]
+        adapter = _Adapter(name, spec, params, torch.optim.Adam(params, lr=1e-4))
+        self.adapters[model_id] = adapter
+        return adapter
+
+    def remove(self, model_id: str) -> None:
+        adapter = self.adapters.pop(model_id, None)
+        if adapter is not None:
+            self.peft_model.delete_adapter(adapter.name)
+
+    def _select(self, model_id: str) -> _Adapter:
+        adapter = self.adapters.get(model_id)
+        if adapter is None:
+            raise ConfigError(f"no adapter {model_id!r} in this pool")
+        self.peft_model.set_adapter(adapter.name)  # the only active one; its weights (only) need grad
+        return adapter
+
+    # -- forward / backward ------------------------------------------------------
+    def forward(
+        self, model_id: str, datums: Sequence[Datum], loss_fn: str = "cross_entropy", loss_fn_config: Mapping[str, Any] | None = None,
+        *, backward: bool,
+    ) -> tuple[list[list[float]], float]:
+        """Each datum's logprobs of its ``target_tokens`` and the summed loss; with ``backward``
+        the gradients add up in the adapter (until :meth:`optim_step`).
+
+        A non-finite loss raises before its backward, so nothing of it is accumulated."""
+        self._select(model_id)
+        for index, datum in enumerate(datums):
+            self._check_tokens(datum)
+            missing = [key for key in LOSS_INPUTS[loss_fn] if key not in datum.inputs]
+            if missing:
+                raise TrajectoryError(f"datum {index} has no loss_fn_inputs {missing}: {loss_fn} needs {list(LOSS_INPUTS[loss_fn])}")
+        logprobs_out: list[list[float]] = []
+        total = 0.0
+        self.peft_model.train(backward)
+        with torch.set_grad_enabled(backward):
+            for index, datum in enumerate(datums):
+                logprobs_T = self._target_logprobs(datum)
+                inputs = {k: v.to(self.device, torch.float32) if k != "target_tokens" else v for k, v in datum.inputs.items()}
+                loss = tinker_loss(loss_fn, logprobs_T, inputs, loss_fn_config)
+                if not torch.isfinite(loss):
+                    raise NonFiniteError(f"the loss of datum {index} is {float(loss.detach())}; nothing of this call was applied")
+                if backward:
+                    loss.backward()
+                total += float(loss.detach())
+                logprobs_out.append(logprobs_T.detach().float().cpu().tolist())
+        return logprobs_out, total
+
+    def _target_logprobs(self, datum: Datum) -> torch.Tensor:
+        ids = torch.tensor([datum.tokens], device=self.device)
+        logits_TV = self.peft_model(input_ids=ids).logits[0].float()
+        targets = datum.inputs["target_tokens"].to(self.device, torch.long)
+        return torch.log_softmax(logits_TV, dim=-1).gather(-1, targets[:, None])[:, 0]
+
+    def _check_tokens(self, datum: Datum) -> None:
+        n = len(datum.tokens)
+        if n == 0:
+            raise TrajectoryError("a datum has no input tokens")
+        for key, value in datum.inputs.items():
+            if value.shape != (n,):
+                raise TrajectoryError(f"loss_fn_inputs[{key!r}] has shape {tuple(value.shape)}; the datum has {n} input tokens")
+        targets = datum.inputs.get("target_tokens")
+        if targets is None:
+            raise TrajectoryError("a datum has no loss_fn_inputs['target_tokens']")
+        for ids in (datum.tokens, targets.tolist()):
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise TrajectoryError(f"a token id is outside the model's vocabulary [0, {self.vocab_size})")
+
+    # -- optimizer ----------------------------------------------------------------
+    def optim_step(
+        self, model_id: str, *, learning_rate: float, beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-12,
+        weight_decay: float = 0.0, grad_clip_norm: float = 0.0,
+    ) -> dict[str, float]:
+        """One Adam step on the accumulated gradients, which are then cleared.  A non-finite
+        gradient norm raises with the gradients cleared and the adapter untouched."""
+        adapter = self._select(model_id)
+        if not (math.isfinite(learning_rate) and learning_rate >= 0):
+            raise ConfigError(f"learning_rate must be a finite number >= 0, got {learning_rate}")
+        grads = [p for p in adapter.params if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(grads, grad_clip_norm if grad_clip_norm > 0 else math.inf) if grads else torch.tensor(0.0)
+        if not torch.isfinite(norm):
+            adapter.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"the gradient norm is {float(norm)}; the optimizer step was not taken")
+        for group in adapter.optimizer.param_groups:
+            group.update(lr=learning_rate, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+        adapter.optimizer.step()
+        adapter.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm:mean": float(norm)}
+
+    # -- persistence --------------------------------------------------------------
+    def save(self, model_id: str, path: str | Path, *, with_optimizer: bool) -> None:
+        """The adapter in peft's standard layout, plus ``optimizer.pt`` when asked."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        adapter = self.adapters[model_id]
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.peft_model.peft_config[adapter.name].save_pretrained(str(path))
+        state = get_peft_model_state_dict(self.peft_model, adapter_name=adapter.name, save_embedding_layers=False)
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(path / "adapter_model.safetensors"))
+        (path / "tinker_adapter.json").write_text(json.dumps(asdict(adapter.spec)))
+        if with_optimizer:
+            torch.save(adapter.optimizer.state_dict(), path / "optimizer.pt")
+
+    def load(self, model_id: str, path: str | Path, *, with_optimizer: bool) -> None:
+        """Replace ``model_id``'s adapter (and, when asked, its Adam state) with the one saved at ``path``."""
+        from peft import LoraConfig, set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / "adapter_model.safetensors").exists():
+            raise ConfigError(f"no saved adapter at {path}")
+        if with_optimizer and not (path / "optimizer.pt").exists():
+            raise ConfigError(f"the checkpoint at {path} was saved without optimizer state")
+        spec = AdapterSpec(**json.loads((path / "tinker_adapter.json").read_text()))
+        old = self.adapters.get(model_id)
+        adapter = self._add(model_id, spec, LoraConfig.from_pretrained(str(path)))  # before the old one goes: peft keeps >= 1
+        if old is not None:
+            self.peft_model.delete_adapter(old.name)
+        set_peft_model_state_dict(self.peft_model, load_file(str(path / "adapter_model.safetensors")), adapter_name=adapter.name)
+        if with_optimizer:
+            adapter.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))

@@ -1,0 +1,163 @@
+"""The official ``tinker`` SDK (PyPI, unmodified) driving ``tracerl serve --tinker`` with the real model.
+
+One server for the module, started as a user would (the CLI in its own process).  The SDK
+loads its tokenizer from the local folder ``get_info`` names (``HF_HUB_OFFLINE=1``)."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+tinker = pytest.importorskip("tinker")
+from tinker import types
+
+KEY = "tml-tracerl-test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    port = free_port()
+    data = tmp_path_factory.mktemp("serve")
+    env = {**os.environ, "TRACERL_SERVE_TOKEN": KEY, "HF_HUB_OFFLINE": "1"}
+    log = open(data / "serve.log", "w")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tracerl", "serve", "--tinker", "--inference", "none", "--port", str(port), "--path", str(data)],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert process.poll() is None, (data / "serve.log").read_text()
+        try:
+            if httpx.get(f"{base}/api/v1/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    else:
+        pytest.fail("tracerl serve --tinker did not start: " + (data / "serve.log").read_text())
+    yield base
+    process.terminate()
+    process.wait(timeout=60)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def service(url, monkeypatch_module):
+    client = tinker.ServiceClient(base_url=url, api_key=KEY)
+    yield client
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINKER_TELEMETRY", "0")
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        yield patch
+
+
+def datum(tokenizer, prompt: str, answer: str) -> types.Datum:
+    """Next-token prediction of ``answer`` after ``prompt`` (prompt tokens weighted 0)."""
+    p = tokenizer.encode(prompt, add_special_tokens=False)
+    a = tokenizer.encode(answer, add_special_tokens=False)
+    tokens = p + a
+    weights = [0.0] * (len(p) - 1) + [1.0] * len(a)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+    )
+
+
+def test_capabilities_offer_the_embedded_model(service):
+    names = [m.model_name for m in service.get_server_capabilities().supported_models]
+    assert names == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
+
+
+def test_supervised_loop_lowers_the_loss_and_samples_from_the_new_weights(service, url):
+    training = service.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", rank=8, seed=0).result()
+    tokenizer = training.get_tokenizer()
+    prompt, answer = "The secret word is", " zebra-lantern."
+    batch = [datum(tokenizer, prompt, answer)]
+    losses = []
+    for _ in range(8):
+        backward = training.forward_backward(batch, "cross_entropy")
+        step = training.optim_step(types.AdamParams(learning_rate=3e-3))
+        out = backward.result()
+        step.result()
+        losses.append(out.metrics["loss:sum"])
+        assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == batch[0].model_input.length
+    assert losses[-1] < 0.2 * losses[0], losses
+    saved = training.save_weights_for_sampler(name="after-sft").result().path
+    sampler = service.create_sampling_client(model_path=saved).result()
+    prompt_ids = types.ModelInput.from_ints(tokenizer.encode(prompt, add_special_tokens=False))
+    answer_ids = tokenizer.encode(answer, add_special_tokens=False)
+    result = sampler.sample(prompt_ids, num_samples=2, sampling_params=types.SamplingParams(max_tokens=len(answer_ids), temperature=0.0)).result()
+    for sequence in result.sequences:
+        assert sequence.tokens == answer_ids  # the new weights answer what they were taught
+        assert len(sequence.logprobs) == len(answer_ids) and all(lp <= 0 for lp in sequence.logprobs)
+    base = service.create_sampling_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct").result()
+    untaught = base.sample(prompt_ids, num_samples=1, sampling_params=types.SamplingParams(max_tokens=len(answer_ids), temperature=0.0)).result()
+    assert untaught.sequences[0].tokens != answer_ids
+    path = training.save_state("after-sft").result().path
+    rest = tinker.RestClient(base_url=url, api_key=KEY)
+    ids = {c.checkpoint_id for c in rest.list_checkpoints(training.model_id).result().checkpoints}
+    assert {"weights/after-sft", "sampler_weights/after-sft"} <= ids
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    ids = {c.checkpoint_id for c in rest.list_checkpoints(training.model_id).result().checkpoints}
+    assert "weights/after-sft" not in ids
+
+
+def test_an_rl_step_with_importance_sampling(service):
+    training = service.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", rank=8, seed=1).result()
+    tokenizer = training.get_tokenizer()
+    sampler = training.save_weights_and_get_sampling_client().result()
+    prompt = tokenizer.encode("Count: one, two,", add_special_tokens=False)
+    samples = sampler.sample(
+        types.ModelInput.from_ints(prompt), num_samples=4, sampling_params=types.SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    ).result().sequences
+    rewards = [float(" three" in tokenizer.decode(s.tokens)) + 0.1 * i for i, s in enumerate(samples)]
+    mean = sum(rewards) / len(rewards)
+    batch = []
+    for sequence, reward in zip(samples, rewards):
+        tokens = prompt + sequence.tokens
+        n_prompt = len(prompt) - 1
+        batch.append(types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={
+                "target_tokens": tokens[1:],
+                "logprobs": [0.0] * n_prompt + list(sequence.logprobs),
+                "advantages": [0.0] * n_prompt + [reward - mean] * len(sequence.tokens),
+            },
+        ))  # fmt: skip
+    out = training.forward_backward(batch, "importance_sampling").result()
+    assert math.isfinite(out.metrics["loss:sum"])
+    for sequence, result in zip(samples, out.loss_fn_outputs):
+        trainer = result["logprobs"].tolist()[-len(sequence.tokens):]
+        # same weights, same model: the trainer's logprobs are the sampler's (fp32 on both sides)
+        assert max(abs(a - b) for a, b in zip(trainer, sequence.logprobs)) < 1e-3
+    assert training.optim_step(types.AdamParams(learning_rate=1e-4)).result() is not None
+
+
+def test_errors_come_back_as_the_sdks_exceptions(service, url):
+    with pytest.raises(tinker.BadRequestError, match="not offered here"):
+        service.create_lora_training_client(base_model="meta-llama/Llama-3.1-8B", rank=8).result()
+    training = service.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", rank=4).result()
+    bad = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs={"target_tokens": [2, 3, 4]})
+    with pytest.raises(tinker.RequestFailedError, match="unknown loss_fn 'dpo2'"):
+        training.forward_backward([bad], "dpo2").result()  # type: ignore[arg-type]
+    with pytest.raises(tinker.RequestFailedError, match="weights"):
+        training.forward_backward([bad], "cross_entropy").result()  # the client stays usable after a failure
+    with pytest.raises(tinker.AuthenticationError):
+        tinker.ServiceClient(base_url=url, api_key="tml-wrong").get_server_capabilities()
