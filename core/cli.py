@@ -133,6 +133,7 @@ def serve(
     tensor_parallel_size: Optional[int] = typer.Option(None, help="vLLM: GPUs per model (its --tensor-parallel-size)."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, help="vLLM: its share of each GPU (default 0.9); it sleeps during training steps on a GPU."),
     tinker: bool = typer.Option(False, "--tinker", help="Also speak the Tinker API (/api/v1) for the official tinker SDK; its key is --token (tml-...)."),
+    tinker_keys: Optional[Path] = typer.Option(None, help="Tinker API tenants: a JSON object of API key (tml-...) -> tenant name; each tenant sees only its own models."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
@@ -193,9 +194,13 @@ def serve(
 
         if importlib.util.find_spec("tinker") is None:
             raise typer.BadParameter("needs the tinker SDK: pip install 'tracerl[tinker]'", param_hint="--tinker")
-        from .tinker.service import TinkerService
+        from .tinker.service import TinkerService, read_keys
 
-        tinker_service = TinkerService(Path(path) / "tinker")
+        try:
+            keys = None if tinker_keys is None else read_keys(tinker_keys)
+        except (OSError, ValueError) as error:
+            raise typer.BadParameter(str(error), param_hint="--tinker-keys") from error
+        tinker_service = TinkerService(Path(path) / "tinker", keys=keys, max_lora_rank=max_lora_rank, max_models=max_models)
         typer.echo(f"tracerl serve: Tinker API at {url}  ->  tinker.ServiceClient(base_url={url!r}, api_key=<--token>)", err=True)
     served = create_app(
         backend, token=token, max_body_bytes=int(max_body_mb * 2**20), policy=policy,

@@ -5,6 +5,7 @@ loads its tokenizer from the local folder ``get_info`` names (``HF_HUB_OFFLINE=1
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -18,7 +19,9 @@ import pytest
 tinker = pytest.importorskip("tinker")
 from tinker import types
 
-KEY = "tml-tracerl-test-key"
+KEY = "tml-tracerl-test-key"  # tenant alice
+OTHER_KEY = "tml-tracerl-other-tenant"  # tenant bob
+BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def free_port() -> int:
@@ -32,9 +35,11 @@ def url(tmp_path_factory):
     port = free_port()
     data = tmp_path_factory.mktemp("serve")
     env = {**os.environ, "TRACERL_SERVE_TOKEN": KEY, "HF_HUB_OFFLINE": "1"}
+    keys = data / "keys.json"
+    keys.write_text(json.dumps({KEY: "alice", OTHER_KEY: "bob"}))
     log = open(data / "serve.log", "w")  # noqa: SIM115
     process = subprocess.Popen(
-        [sys.executable, "-m", "tracerl", "serve", "--tinker", "--inference", "none", "--port", str(port), "--path", str(data)],
+        [sys.executable, "-m", "tracerl", "serve", "--tinker", "--inference", "none", "--port", str(port), "--path", str(data), "--tinker-keys", str(keys), "--max-models", "8"],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -161,3 +166,65 @@ def test_errors_come_back_as_the_sdks_exceptions(service, url):
         training.forward_backward([bad], "cross_entropy").result()  # the client stays usable after a failure
     with pytest.raises(tinker.AuthenticationError):
         tinker.ServiceClient(base_url=url, api_key="tml-wrong").get_server_capabilities()
+
+
+@pytest.fixture(scope="module")
+def other(url, monkeypatch_module):
+    return tinker.ServiceClient(base_url=url, api_key=OTHER_KEY)
+
+
+def test_a_tenant_gets_403_on_every_operation_on_another_tenants_objects(service, other, url):
+    alice = service.create_lora_training_client(base_model=BASE, rank=4, seed=2).result()
+    state = alice.save_state("mine").result().path
+    sampler_path = alice.save_weights_for_sampler("mine").result().path
+    future = alice.forward([types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0]})], "cross_entropy")
+    future.result()
+    bob_rest = tinker.RestClient(base_url=url, api_key=OTHER_KEY)
+    with pytest.raises(tinker.PermissionDeniedError):
+        bob_rest.list_checkpoints(alice.model_id).result()
+    with pytest.raises(tinker.PermissionDeniedError):
+        bob_rest.get_training_run(alice.model_id).result()
+    with pytest.raises(tinker.PermissionDeniedError):
+        bob_rest.delete_checkpoint_from_tinker_path(state).result()
+    with pytest.raises(tinker.PermissionDeniedError):
+        other.create_sampling_client(model_path=sampler_path).result()
+    with pytest.raises(tinker.PermissionDeniedError):
+        other.create_training_client_from_state(state).result()
+    assert alice.model_id not in {r.training_run_id for r in bob_rest.list_training_runs().result().training_runs}
+    # what the SDK cannot aim at another's run, a raw client can: every training route refuses it
+    bob = {"X-API-Key": OTHER_KEY}
+    alice_session = alice.model_id.split(":")[0]
+    calls = {
+        "get_info": {"model_id": alice.model_id, "type": "get_info"},
+        "optim_step": {"model_id": alice.model_id, "seq_id": 99, "adam_params": {"learning_rate": 1.0}, "type": "optim_step"},
+        "save_weights": {"model_id": alice.model_id, "seq_id": 99, "path": "stolen", "type": "save_weights"},
+        "save_weights_for_sampler": {"model_id": alice.model_id, "seq_id": 99, "path": "stolen", "type": "save_weights_for_sampler"},
+        "load_weights": {"model_id": alice.model_id, "seq_id": 99, "path": state, "optimizer": False, "type": "load_weights"},
+        "create_model": {"session_id": alice_session, "model_seq_id": 50, "base_model": BASE, "lora_config": {"rank": 4}, "type": "create_model"},
+        "session_heartbeat": {"session_id": alice_session, "type": "session_heartbeat"},
+        "create_sampling_session": {"session_id": alice_session, "sampling_session_seq_id": 50, "base_model": BASE, "type": "create_sampling_session"},
+    }
+    for route, body in calls.items():
+        answer = httpx.post(f"{url}/api/v1/{route}", json=body, headers=bob, timeout=30)
+        assert answer.status_code == 403, (route, answer.text)
+    from tinker.proto import tinker_public_pb2 as pb
+
+    request = pb.ForwardBackwardRequest(model_id=alice.model_id, seq_id=99, loss_fn="cross_entropy", forward_only=True)
+    answer = httpx.post(f"{url}/api/v1/forward_backward", content=request.SerializeToString(), headers={**bob, "content-type": "application/x-protobuf"}, timeout=30)
+    assert answer.status_code == 403, answer.text
+    assert alice.get_info().model_id == alice.model_id  # alice's own still work
+    assert httpx.post(f"{url}/api/v1/get_info", json=calls["get_info"], headers={"X-API-Key": "tml-not-a-tenant-key"}, timeout=30).status_code == 401
+
+
+def test_a_tenant_that_floods_the_queue_does_not_starve_another(service, other):
+    """alice queues 50 operations first; bob's next one completes before alice's 10th (order, not timing)."""
+    alice = service.create_lora_training_client(base_model=BASE, rank=4).result()
+    bob = other.create_lora_training_client(base_model=BASE, rank=4).result()
+    tokens = list(range(100, 228))
+    batch = [types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 127})]
+    queued = [alice.forward(batch, "cross_entropy") for _ in range(50)]
+    bob.forward(batch[:1], "cross_entropy").result()
+    with pytest.raises(TimeoutError):
+        queued[9].result(timeout=0)  # alice's 10th has not finished
+    for future in queued:
+        future.result()

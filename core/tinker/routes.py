@@ -23,8 +23,9 @@ from tinker.types.try_again_response import TryAgainResponse
 
 from ..errors import ConfigError, TracerlError
 from ..net.http_server import key_matches
+from .fair_queue import QueueFullError
 from .lora_pool import AdapterSpec
-from .service import Gone, NotFound, Result, TinkerService
+from .service import Forbidden, Gone, NotFound, Result, TinkerService
 from .wire import PROTOBUF, read_forward_backward
 
 API = "/api/v1"
@@ -41,8 +42,13 @@ def install(app: FastAPI, service: TinkerService, *, token: str | None) -> None:
     """Add the Tinker routes to ``app`` (``tracerl serve``), keyed by ``token``."""
 
     async def authorize(request: Request) -> None:
-        if token is not None and not key_matches(request.headers, token):
+        if service.keys is None and token is not None and not key_matches(request.headers, token):
             raise HTTPFailure(401, "missing or wrong API key (X-API-Key: the key tracerl serve was started with)")
+        if service.tenant_of(request.headers.get("x-api-key")) is None:
+            raise HTTPFailure(401, "missing or unknown API key (X-API-Key: a tenant key of this server)")
+
+    def tenant(request: Request) -> str:
+        return service.tenant_of(request.headers.get("x-api-key")) or ""
 
     app.add_exception_handler(HTTPFailure, _failure_response)  # type: ignore[arg-type]
     public = APIRouter()
@@ -71,25 +77,25 @@ def install(app: FastAPI, service: TinkerService, *, token: str | None) -> None:
 
     # -- sessions -------------------------------------------------------------------
     @router.post(f"{API}/create_session")
-    async def create_session(request: Request) -> dict[str, Any]:
+    async def create_session(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
         body = await _read(request, types.CreateSessionRequest)
-        return {"session_id": call(service.create_session, body.user_metadata)}
+        return {"session_id": call(service.create_session, who, body.user_metadata)}
 
     @router.post(f"{API}/session_heartbeat")
-    async def heartbeat(request: Request) -> dict[str, Any]:
-        call(service.heartbeat, (await _read(request, types.SessionHeartbeatRequest)).session_id)
+    async def heartbeat(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
+        call(service.heartbeat, who, (await _read(request, types.SessionHeartbeatRequest)).session_id)
         return {"type": "session_heartbeat"}
 
     @router.post(API + "/sessions/{session_id}/finish")
-    async def finish(session_id: str) -> dict[str, Any]:
-        call(service.finish, session_id)
+    async def finish(session_id: str, who: str = Depends(tenant)) -> dict[str, Any]:
+        call(service.finish, who, session_id)
         return {}
 
     # -- futures ----------------------------------------------------------------------
     @router.post(f"{API}/retrieve_future")
-    async def retrieve_future(request: Request) -> Response:
+    async def retrieve_future(request: Request, who: str = Depends(tenant)) -> Response:
         request_id = (await _read(request, types.FutureRetrieveRequest)).request_id
-        result = await _awaited(service.wait(request_id))
+        result = await _awaited(service.wait(who, request_id))
         if result is None:
             return JSONResponse(TryAgainResponse(request_id=request_id, queue_state="active").model_dump(mode="json"))
         if result.error is not None:
@@ -101,68 +107,68 @@ def install(app: FastAPI, service: TinkerService, *, token: str | None) -> None:
 
     # -- training ---------------------------------------------------------------------
     @router.post(f"{API}/create_model")
-    async def create_model(request: Request) -> dict[str, Any]:
+    async def create_model(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
         body = await _read(request, types.CreateModelRequest)
         lora = body.lora_config or types.LoraConfig(rank=32)
         spec = call(AdapterSpec, lora.rank, lora.seed, lora.train_mlp, lora.train_attn, lora.train_unembed)
-        model_id, result = call(service.create_model, body.session_id, body.model_seq_id, body.base_model, spec, body.user_metadata)
+        model_id, result = call(service.create_model, who, body.session_id, body.model_seq_id, body.base_model, spec, body.user_metadata)
         return _future(result, model_id)
 
     @router.post(f"{API}/get_info")
-    async def get_info(request: Request) -> dict[str, Any]:
-        run = call(service.run_of, (await _read(request, types.GetInfoRequest)).model_id)
+    async def get_info(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
+        run = call(service.run_of, who, (await _read(request, types.GetInfoRequest)).model_id)
         data = types.ModelData(arch="llama", model_name=run.base_model, tokenizer_id=str(service.model_path))
         return types.GetInfoResponse(
             type="get_info", model_id=run.model_id, model_data=data, is_lora=True, lora_rank=run.spec.rank, model_name=run.base_model
         ).model_dump(mode="json")
 
     @router.post(f"{API}/forward_backward")
-    async def forward_backward(request: Request) -> dict[str, Any]:
+    async def forward_backward(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
         parsed = call(read_forward_backward, await request.body(), request.headers.get("content-encoding"))
-        return _future(call(service.forward_backward, parsed), parsed.model_id)
+        return _future(call(service.forward_backward, who, parsed), parsed.model_id)
 
     @router.post(f"{API}/optim_step")
-    async def optim_step(request: Request) -> dict[str, Any]:
+    async def optim_step(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
         body = await _read(request, types.OptimStepRequest)
         params = body.optim_params.model_dump()
         if not isinstance(body.optim_params, types.AdamParams):
             raise HTTPFailure(400, f"this server's optimizer is Adam; got {params.get('type')!r} parameters")
         adam = {key: float(params[key]) for key in ADAM_KEYS}
-        return _future(call(service.optim_step, body.model_id, body.seq_id, adam), body.model_id)
+        return _future(call(service.optim_step, who, body.model_id, body.seq_id, adam), body.model_id)
 
     @router.post(f"{API}/save_weights")
-    async def save_weights(request: Request) -> dict[str, Any]:
+    async def save_weights(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
         body = await _read(request, types.SaveWeightsRequest)
-        return _future(call(service.save_state, body.model_id, body.seq_id, body.path), body.model_id)
+        return _future(call(service.save_state, who, body.model_id, body.seq_id, body.path), body.model_id)
 
     @router.post(f"{API}/save_weights_for_sampler")
-    async def save_for_sampler(request: Request) -> dict[str, Any]:
+    async def save_for_sampler(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
         body = await _read(request, types.SaveWeightsForSamplerRequest)
-        result = call(service.save_for_sampler, body.model_id, body.seq_id, body.path, body.sampling_session_seq_id)
+        result = call(service.save_for_sampler, who, body.model_id, body.seq_id, body.path, body.sampling_session_seq_id)
         return _future(result, body.model_id)
 
     @router.post(f"{API}/load_weights")
-    async def load_weights(request: Request) -> dict[str, Any]:
+    async def load_weights(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
         body = await _read(request, types.LoadWeightsRequest)
         if body.session_id is not None:  # create_training_client_from_state: a new run, its seq 0
-            model_id, result = call(service.create_from_checkpoint, body.session_id, body.model_seq_id, body.path, body.optimizer, body.user_metadata)
+            model_id, result = call(service.create_from_checkpoint, who, body.session_id, body.model_seq_id, body.path, body.optimizer, body.user_metadata)
             return _future(result, model_id)
-        return _future(call(service.load_state, body.model_id, body.seq_id, body.path, body.optimizer), body.model_id)
+        return _future(call(service.load_state, who, body.model_id, body.seq_id, body.path, body.optimizer), body.model_id)
 
     # -- sampling ---------------------------------------------------------------------
     @router.post(f"{API}/create_sampling_session")
-    async def create_sampling_session(request: Request) -> dict[str, Any]:
+    async def create_sampling_session(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
         body = await _read(request, types.CreateSamplingSessionRequest)
-        sampling_id = call(service.create_sampling_session, body.session_id, body.sampling_session_seq_id, body.model_path, body.base_model)
+        sampling_id = call(service.create_sampling_session, who, body.session_id, body.sampling_session_seq_id, body.model_path, body.base_model)
         return {"sampling_session_id": sampling_id}
 
     @router.get(API + "/samplers/{sampling_id}")
-    async def sampler(sampling_id: str) -> dict[str, Any]:
-        session = call(service.sampling_session, sampling_id)
+    async def sampler(sampling_id: str, who: str = Depends(tenant)) -> dict[str, Any]:
+        session = call(service.sampling_session, who, sampling_id)
         return {"sampler_id": sampling_id, "base_model": session.base_model, "model_path": session.model_path}
 
     @router.post(f"{API}/asample")
-    async def asample(request: Request) -> dict[str, Any]:
+    async def asample(request: Request, who: str = Depends(tenant)) -> dict[str, Any]:
         body = await _read(request, types.SampleRequest)
         if body.sampling_session_id is None or body.seq_id is None:
             raise HTTPFailure(400, "sample through a sampling session (ServiceClient.create_sampling_client)")
@@ -170,34 +176,34 @@ def install(app: FastAPI, service: TinkerService, *, token: str | None) -> None:
         if unsupported or body.target_prompt_logprobs is not None or body.prompt_logprobs_last_n is not None:
             raise HTTPFailure(400, f"this server does not offer {unsupported or 'target/last-n prompt logprobs'}")
         params = body.sampling_params.model_dump()
-        result = call(service.sample, body.sampling_session_id, body.seq_id, body.prompt.to_ints(), body.num_samples, params, bool(body.prompt_logprobs))
+        result = call(service.sample, who, body.sampling_session_id, body.seq_id, body.prompt.to_ints(), body.num_samples, params, bool(body.prompt_logprobs))
         return {**_future(result), "sample_sequence_ids": [f"{result.request_id}:{i}" for i in range(body.num_samples)]}
 
     # -- training runs and checkpoints (RestClient) -------------------------------------------
-    def run_json(model_id: str) -> dict[str, Any]:
-        run = call(service.run_of, model_id)
+    def run_json(who: str, model_id: str) -> dict[str, Any]:
+        run = call(service.run_of, who, model_id)
         return types.TrainingRun(
             training_run_id=model_id, base_model=run.base_model, model_owner="tracerl", is_lora=True,
             lora_rank=run.spec.rank, last_request_time=run.last_request_time or "", user_metadata=run.user_metadata,
         ).model_dump(mode="json")  # fmt: skip
 
     @router.get(f"{API}/training_runs")
-    async def training_runs(limit: int = 20, offset: int = 0) -> dict[str, Any]:
-        ids = list(service.runs)
-        page = [run_json(model_id) for model_id in ids[offset : offset + limit]]
+    async def training_runs(limit: int = 20, offset: int = 0, who: str = Depends(tenant)) -> dict[str, Any]:
+        ids = [run.model_id for run in service.runs_of(who)]
+        page = [run_json(who, model_id) for model_id in ids[offset : offset + limit]]
         return {"training_runs": page, "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
 
     @router.get(API + "/training_runs/{model_id}")
-    async def training_run(model_id: str) -> dict[str, Any]:
-        return run_json(model_id)
+    async def training_run(model_id: str, who: str = Depends(tenant)) -> dict[str, Any]:
+        return run_json(who, model_id)
 
     @router.get(API + "/training_runs/{model_id}/checkpoints")
-    async def checkpoints(model_id: str) -> dict[str, Any]:
-        return {"checkpoints": call(service.checkpoints, model_id)}
+    async def checkpoints(model_id: str, who: str = Depends(tenant)) -> dict[str, Any]:
+        return {"checkpoints": call(service.checkpoints, who, model_id)}
 
     @router.delete(API + "/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
-    async def delete_checkpoint(model_id: str, checkpoint_id: str) -> Response:
-        await _awaited(service.delete_checkpoint(model_id, checkpoint_id))
+    async def delete_checkpoint(model_id: str, checkpoint_id: str, who: str = Depends(tenant)) -> Response:
+        await _awaited(service.delete_checkpoint(who, model_id, checkpoint_id))
         return Response(status_code=204)
 
     app.include_router(public)
@@ -224,6 +230,10 @@ def _translated(error: Exception) -> Exception:
         return HTTPFailure(404, str(error))
     if isinstance(error, Gone):
         return HTTPFailure(410, str(error))
+    if isinstance(error, Forbidden):
+        return HTTPFailure(403, str(error))
+    if isinstance(error, QueueFullError):
+        return HTTPFailure(429, str(error))
     if isinstance(error, (ConfigError, TracerlError, ValueError, TypeError)):
         return HTTPFailure(400, f"{type(error).__name__}: {error}")
     return error

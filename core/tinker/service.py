@@ -20,7 +20,7 @@ import shutil
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +28,7 @@ from typing import Any
 
 from ..base_models import EMBEDDED_ALIASES, resolve_base_model
 from ..errors import ConfigError, NonFiniteError, TrajectoryError
+from .fair_queue import FairQueue, QueueFullError
 from .lora_pool import AdapterSpec, LoRAPool
 
 log = logging.getLogger("tracerl.tinker")
@@ -38,6 +39,7 @@ MAX_FUTURES = 10_000
 USER_ERRORS = (ConfigError, TrajectoryError, NonFiniteError, ValueError, TypeError, KeyError)
 """Failures the caller can fix: reported as category ``user``; anything else is ``server`` (and logged)."""
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
+DEFAULT_TENANT = "default"
 
 
 class NotFound(LookupError):
@@ -48,11 +50,16 @@ class Gone(Exception):
     """A finished session (answered 410: the SDK stops its heartbeat)."""
 
 
+class Forbidden(PermissionError):
+    """Another tenant's session, run, sampler, checkpoint or result, or a quota reached (answered 403)."""
+
+
 @dataclass
 class Result:
     """One future: a JSON dict or protobuf bytes once done, or ``(message, category)`` on failure."""
 
     request_id: str
+    tenant: str
     done: asyncio.Event = field(default_factory=asyncio.Event)
     payload: dict[str, Any] | bytes | None = None
     error: tuple[str, str] | None = None
@@ -61,6 +68,7 @@ class Result:
 @dataclass
 class TrainingRun:
     model_id: str
+    tenant: str
     session_id: str
     base_model: str
     spec: AdapterSpec
@@ -73,6 +81,7 @@ class TrainingRun:
 
 @dataclass(frozen=True)
 class SamplingSession:
+    tenant: str
     base_model: str
     model_path: str | None  # tinker://... (None: the base model)
 
@@ -96,12 +105,23 @@ def check_name(name: str) -> str:
 
 
 class TinkerService:
-    """One base model's training runs and samplers (see the module docstring)."""
+    """One base model's training runs and samplers, for one or many tenants (see the module docstring).
 
-    def __init__(self, root: str | Path, *, base_model: str = "smollm2-135m", longpoll_s: float = 20.0) -> None:
+    ``keys`` maps each API key to its tenant; ``None``: one tenant, keyed by ``tracerl serve``'s
+    token.  A tenant sees only its own sessions, runs, samplers, checkpoints and results
+    (another's: :class:`Forbidden`).  Quotas per tenant: ``max_models`` training runs,
+    ``max_lora_rank``, ``max_queued`` operations waiting on the compute thread.
+    """
+
+    def __init__(
+        self, root: str | Path, *, base_model: str = "smollm2-135m", keys: Mapping[str, str] | None = None,
+        max_models: int = 4, max_lora_rank: int = 64, max_queued: int = 256, longpoll_s: float = 20.0,
+    ) -> None:  # fmt: skip
         self.root = Path(root)
         self.model_path = resolve_base_model(base_model)
         self.model_name = EMBEDDED_NAME if base_model.lower() in EMBEDDED_ALIASES else base_model
+        self.keys = dict(keys) if keys is not None else None
+        self.max_models, self.max_lora_rank = max_models, max_lora_rank
         self.longpoll_s = longpoll_s
         self.sessions: dict[str, dict[str, Any]] = {}
         self.runs: dict[str, TrainingRun] = {}
@@ -110,7 +130,7 @@ class TinkerService:
         self.created: dict[tuple[str, ...], Result] = {}  # creations by their dedupe key
         self.pool: LoRAPool | None = None
         self.sampler: Any = None  # TransformersServer
-        self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tracerl-tinker")
+        self.compute = FairQueue(max_queued_per_tenant=max_queued)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- life -----------------------------------------------------------------------
@@ -125,9 +145,15 @@ class TinkerService:
         log.info("tinker service: %s ready (checkpoints in %s)", self.model_name, self.root)
 
     async def close(self) -> None:
-        self.compute.shutdown(wait=True, cancel_futures=True)
+        await asyncio.to_thread(self.compute.close)
         if self.sampler is not None:
             await self.sampler.stop()
+
+    def tenant_of(self, key: str | None) -> str | None:
+        """The tenant of API key ``key`` (None: not a key of this server)."""
+        if self.keys is None:
+            return DEFAULT_TENANT
+        return self.keys.get(key or "")
 
     @property
     def max_context_length(self) -> int:
@@ -139,43 +165,41 @@ class TinkerService:
         raise ConfigError(f"base_model {name!r} is not offered here; this server trains {self.model_name!r}")
 
     # -- sessions ---------------------------------------------------------------------
-    def create_session(self, user_metadata: dict[str, Any] | None) -> str:
+    def create_session(self, tenant: str, user_metadata: dict[str, Any] | None) -> str:
         session_id = f"s{uuid.uuid4().hex[:16]}"
-        self.sessions[session_id] = {"finished": False, "heartbeat": time.monotonic(), "user_metadata": user_metadata}
+        self.sessions[session_id] = {"tenant": tenant, "finished": False, "heartbeat": time.monotonic(), "user_metadata": user_metadata}
         return session_id
 
-    def session(self, session_id: str) -> dict[str, Any]:
+    def session(self, tenant: str, session_id: str) -> dict[str, Any]:
         session = self.sessions.get(session_id)
         if session is None:
             raise NotFound(f"unknown session {session_id!r}: create one first")
+        owned(session["tenant"], tenant, f"session {session_id}")
         return session
 
-    def heartbeat(self, session_id: str) -> None:
-        session = self.session(session_id)
+    def heartbeat(self, tenant: str, session_id: str) -> None:
+        session = self.session(tenant, session_id)
         if session["finished"]:
             raise Gone(f"session {session_id} has finished")
         session["heartbeat"] = time.monotonic()
 
-    def finish(self, session_id: str) -> None:
-        self.session(session_id)["finished"] = True
+    def finish(self, tenant: str, session_id: str) -> None:
+        self.session(tenant, session_id)["finished"] = True
 
     # -- futures ----------------------------------------------------------------------
-    def new_result(self) -> Result:
-        result = Result(f"r{uuid.uuid4().hex}")
+    def new_result(self, tenant: str) -> Result:
+        result = Result(f"r{uuid.uuid4().hex}", tenant)
         self.results[result.request_id] = result
         while len(self.results) > MAX_FUTURES:
             self.results.popitem(last=False)
         return result
 
-    def run(self, result: Result, work: Callable[[], dict[str, Any] | bytes]) -> None:
-        """``work`` on the compute thread; ``result`` is set on the event loop when it ends."""
+    def run(self, result: Result, work: Callable[[], dict[str, Any] | bytes], *, force: bool = False) -> None:
+        """``work`` on the compute thread, in the tenant's turn; ``result`` is set on the event loop when it ends."""
         assert self.loop is not None
         loop = self.loop
-
-        def done(future: concurrent.futures.Future) -> None:
-            self.settle(result, future)
-
-        self.compute.submit(work).add_done_callback(lambda future: loop.call_soon_threadsafe(done, future))
+        future = self.compute.submit(result.tenant, work, force=force)
+        future.add_done_callback(lambda done: loop.call_soon_threadsafe(self.settle, result, done))
 
     def settle(self, result: Result, future: concurrent.futures.Future[Any] | asyncio.Future[Any]) -> None:
         error = future.exception() if not future.cancelled() else RuntimeError("the server is shutting down")
@@ -188,78 +212,90 @@ class TinkerService:
             result.error = (f"{type(error).__name__}: {error}", "server")
         result.done.set()
 
-    async def wait(self, request_id: str) -> Result | None:
+    async def wait(self, tenant: str, request_id: str) -> Result | None:
         """The finished result, or None if it is still running after the long-poll window."""
         result = self.results.get(request_id)
         if result is None:
             raise NotFound(f"unknown or expired request_id {request_id!r}")
+        owned(result.tenant, tenant, f"request {request_id}")
         try:
             await asyncio.wait_for(result.done.wait(), self.longpoll_s)
         except TimeoutError:
             return None
         return result
 
-    def once(self, key: tuple[str, ...], work: Callable[[], dict[str, Any] | bytes]) -> Result:
+    def once(self, tenant: str, key: tuple[str, ...], work: Callable[[], dict[str, Any] | bytes]) -> Result:
         """``work`` once per ``key`` (a creation the SDK may retry); a retry gets the same result."""
         if key not in self.created:
-            self.created[key] = result = self.new_result()
+            result = self.new_result(tenant)
             self.run(result, work)
+            self.created[key] = result
         return self.created[key]
 
-    def sequenced(self, model_id: str, seq_id: int, work: Callable[[], dict[str, Any] | bytes]) -> Result:
+    def sequenced(self, tenant: str, model_id: str, seq_id: int, work: Callable[[], dict[str, Any] | bytes]) -> Result:
         """Run ``work`` as request ``seq_id`` of ``model_id``: after every earlier one, once."""
-        run = self.run_of(model_id)
+        run = self.run_of(tenant, model_id)
         run.last_request_time = now_iso()
         if seq_id in run.by_seq:  # a retry of a request already accepted
             return run.by_seq[seq_id]
         if seq_id < run.next_seq:
             raise ConfigError(f"seq_id {seq_id} of {model_id} was answered and forgotten; the client must use a new one")
-        result = run.by_seq[seq_id] = self.new_result()
-        run.waiting[seq_id] = lambda: self.run(result, work)
-        while run.next_seq in run.waiting:  # start the requests that are now in order (the thread is FIFO)
+        if seq_id == run.next_seq and self.compute.queued(tenant) >= self.compute.max_queued:
+            raise QueueFullError(f"{self.compute.max_queued} operations of yours are queued already: wait for some to finish")
+        result = run.by_seq[seq_id] = self.new_result(tenant)
+        run.waiting[seq_id] = lambda: self.run(result, work, force=True)
+        while run.next_seq in run.waiting:  # start the requests that are now in order
             run.waiting.pop(run.next_seq)()
             run.by_seq.pop(run.next_seq - 64, None)  # a retry comes within a few requests
             run.next_seq += 1
         return result
 
-    def run_of(self, model_id: str) -> TrainingRun:
+    def run_of(self, tenant: str, model_id: str) -> TrainingRun:
         run = self.runs.get(model_id)
         if run is None:
             raise NotFound(f"unknown training run {model_id!r}")
+        owned(run.tenant, tenant, f"training run {model_id}")
         return run
 
+    def runs_of(self, tenant: str) -> list[TrainingRun]:
+        return [run for run in self.runs.values() if run.tenant == tenant]
+
     # -- training -----------------------------------------------------------------------
-    def create_model(self, session_id: str, model_seq_id: int, base_model: str, spec: AdapterSpec, user_metadata: Any) -> tuple[str, Result]:
-        self.session(session_id)
+    def _new_run(self, tenant: str, session_id: str, model_seq_id: int, base: str, spec: AdapterSpec, user_metadata: Any) -> str:
+        self.session(tenant, session_id)
         model_id = f"{session_id}:train:{model_seq_id}"
-        base = self.check_base_model(base_model)
         if model_id not in self.runs:
-            self.runs[model_id] = TrainingRun(model_id, session_id, base, spec, user_metadata, now_iso())
+            if len(self.runs_of(tenant)) >= self.max_models:
+                raise Forbidden(f"you have {self.max_models} training runs here already (the most allowed)")
+            if spec.rank > self.max_lora_rank:
+                raise Forbidden(f"LoRA rank {spec.rank} is above this server's limit of {self.max_lora_rank}")
+            self.runs[model_id] = TrainingRun(model_id, tenant, session_id, base, spec, user_metadata, now_iso())
+        return model_id
+
+    def create_model(self, tenant: str, session_id: str, model_seq_id: int, base_model: str, spec: AdapterSpec, user_metadata: Any) -> tuple[str, Result]:
+        model_id = self._new_run(tenant, session_id, model_seq_id, self.check_base_model(base_model), spec, user_metadata)
 
         def work() -> dict[str, Any]:
             assert self.pool is not None
             self.pool.create(model_id, spec)
             return {"model_id": model_id, "type": "create_model"}
 
-        return model_id, self.once(("create", model_id), work)
+        return model_id, self.once(tenant, ("create", model_id), work)
 
-    def create_from_checkpoint(self, session_id: str, model_seq_id: int, path: str, optimizer: bool, user_metadata: Any) -> tuple[str, Result]:
+    def create_from_checkpoint(self, tenant: str, session_id: str, model_seq_id: int, path: str, optimizer: bool, user_metadata: Any) -> tuple[str, Result]:
         """A new training run starting from a saved state (``create_training_client_from_state``)."""
-        self.session(session_id)
-        folder = self.checkpoint_folder(path)
-        source = self.run_of(parse_path(path)[0])
-        model_id = f"{session_id}:train:{model_seq_id}"
-        if model_id not in self.runs:
-            self.runs[model_id] = TrainingRun(model_id, session_id, source.base_model, source.spec, user_metadata, now_iso())
+        folder = self.checkpoint_folder(tenant, path)
+        source = self.run_of(tenant, parse_path(path)[0])
+        model_id = self._new_run(tenant, session_id, model_seq_id, source.base_model, source.spec, user_metadata)
 
         def work() -> dict[str, Any]:
             assert self.pool is not None
             self.pool.load(model_id, folder, with_optimizer=optimizer)
             return {"path": path, "model_id": model_id, "type": "load_weights"}
 
-        return model_id, self.once(("load", model_id), work)
+        return model_id, self.once(tenant, ("load", model_id), work)
 
-    def forward_backward(self, request: Any) -> Result:
+    def forward_backward(self, tenant: str, request: Any) -> Result:
         """A ``wire.ForwardBackward``: checked and decoded on the compute thread, so a bad one
         fails as its future and still takes its place in the sequence."""
         from .losses import check_loss_fn
@@ -273,16 +309,16 @@ class TinkerService:
             )
             return forward_backward_output(logprobs, {"loss:sum": loss})
 
-        return self.sequenced(request.model_id, request.seq_id, work)
+        return self.sequenced(tenant, request.model_id, request.seq_id, work)
 
-    def optim_step(self, model_id: str, seq_id: int, adam: dict[str, float]) -> Result:
+    def optim_step(self, tenant: str, model_id: str, seq_id: int, adam: dict[str, float]) -> Result:
         def work() -> dict[str, Any]:
             assert self.pool is not None
             return {"metrics": self.pool.optim_step(model_id, **adam), "type": "optim_step"}
 
-        return self.sequenced(model_id, seq_id, work)
+        return self.sequenced(tenant, model_id, seq_id, work)
 
-    def save_state(self, model_id: str, seq_id: int, name: str | None) -> Result:
+    def save_state(self, tenant: str, model_id: str, seq_id: int, name: str | None) -> Result:
         name = check_name(name or f"state-{seq_id}")
 
         def work() -> dict[str, Any]:
@@ -290,21 +326,21 @@ class TinkerService:
             self.pool.save(model_id, self._folder(model_id, "weights", name), with_optimizer=True)
             return {"path": f"tinker://{model_id}/weights/{name}", "type": "save_weights"}
 
-        return self.sequenced(model_id, seq_id, work)
+        return self.sequenced(tenant, model_id, seq_id, work)
 
-    def load_state(self, model_id: str, seq_id: int, path: str, optimizer: bool) -> Result:
-        folder = self.checkpoint_folder(path)
+    def load_state(self, tenant: str, model_id: str, seq_id: int, path: str, optimizer: bool) -> Result:
+        folder = self.checkpoint_folder(tenant, path)
 
         def work() -> dict[str, Any]:
             assert self.pool is not None
             self.pool.load(model_id, folder, with_optimizer=optimizer)
             return {"path": path, "model_id": model_id, "type": "load_weights"}
 
-        return self.sequenced(model_id, seq_id, work)
+        return self.sequenced(tenant, model_id, seq_id, work)
 
-    def save_for_sampler(self, model_id: str, seq_id: int, name: str | None, sampling_session_seq_id: int | None) -> Result:
+    def save_for_sampler(self, tenant: str, model_id: str, seq_id: int, name: str | None, sampling_session_seq_id: int | None) -> Result:
         """Save the adapter and serve it at once (as ``<run>@<name>``); unnamed: also a sampling session."""
-        run = self.run_of(model_id)
+        run = self.run_of(tenant, model_id)
         check_name(name or "x")
 
         def work() -> dict[str, Any]:
@@ -317,37 +353,38 @@ class TinkerService:
             if name is not None:
                 return {"path": path, "type": "save_weights_for_sampler"}
             session_id = f"{run.session_id}:sample:{sampling_session_seq_id}"
-            self.samplers[session_id] = SamplingSession(run.base_model, path)
+            self.samplers[session_id] = SamplingSession(tenant, run.base_model, path)
             return {"sampling_session_id": session_id, "type": "save_weights_for_sampler"}
 
-        return self.sequenced(model_id, seq_id, work)
+        return self.sequenced(tenant, model_id, seq_id, work)
 
     # -- sampling -------------------------------------------------------------------------
-    def create_sampling_session(self, session_id: str, seq: int, model_path: str | None, base_model: str | None) -> str:
-        self.session(session_id)
+    def create_sampling_session(self, tenant: str, session_id: str, seq: int, model_path: str | None, base_model: str | None) -> str:
+        self.session(tenant, session_id)
         sampling_id = f"{session_id}:sample:{seq}"
         if sampling_id not in self.samplers:
             if model_path is not None:
-                self.checkpoint_folder(model_path)
-                base = self.run_of(parse_path(model_path)[0]).base_model
+                self.checkpoint_folder(tenant, model_path)
+                base = self.run_of(tenant, parse_path(model_path)[0]).base_model
             else:
                 base = self.check_base_model(base_model)
-            self.samplers[sampling_id] = SamplingSession(base, model_path)
+            self.samplers[sampling_id] = SamplingSession(tenant, base, model_path)
         return sampling_id
 
-    def sampling_session(self, sampling_id: str) -> SamplingSession:
+    def sampling_session(self, tenant: str, sampling_id: str) -> SamplingSession:
         session = self.samplers.get(sampling_id)
         if session is None:
             raise NotFound(f"unknown sampling session {sampling_id!r}")
+        owned(session.tenant, tenant, f"sampling session {sampling_id}")
         return session
 
-    def sample(self, sampling_id: str, seq_id: int, prompt: list[int], num_samples: int, params: dict[str, Any], prompt_logprobs: bool) -> Result:
+    def sample(self, tenant: str, sampling_id: str, seq_id: int, prompt: list[int], num_samples: int, params: dict[str, Any], prompt_logprobs: bool) -> Result:
         """Sampled on the inference server's own thread (beside training); once per ``(session, seq_id)``."""
-        session = self.sampling_session(sampling_id)
+        session = self.sampling_session(tenant, sampling_id)
         key = ("sample", sampling_id, str(seq_id))
         if key in self.created:
             return self.created[key]
-        result = self.created[key] = self.new_result()
+        result = self.created[key] = self.new_result(tenant)
         task = asyncio.ensure_future(self._sample(session, prompt, num_samples, params, prompt_logprobs))
         task.add_done_callback(lambda done: self.settle(result, done))
         return result
@@ -361,7 +398,7 @@ class TinkerService:
         if session.model_path is not None:
             adapter = served_name(session.model_path)
             if not engine.has_adapter(adapter):  # saved before a restart
-                await asyncio.to_thread(engine.load_adapter, adapter, self.checkpoint_folder(session.model_path))
+                await asyncio.to_thread(engine.load_adapter, adapter, self.checkpoint_folder(session.tenant, session.model_path))
         if not prompt or min(prompt) < 0 or max(prompt) >= engine.vocab_size:
             raise TrajectoryError(f"the prompt must be token ids in [0, {engine.vocab_size})")
         stop = params.get("stop") or []
@@ -375,7 +412,7 @@ class TinkerService:
             top_p=float(params.get("top_p", 1.0)), top_k=max(int(params.get("top_k", -1)), 0), max_tokens=max_tokens,
             stop=[s for s in stop if isinstance(s, str)], stop_token_ids=[s for s in stop if isinstance(s, int)],
             seed=params.get("seed"),
-        )
+        )  # fmt: skip
         samples = await asyncio.wrap_future(engine.submit(job))
         scored = None
         if with_prompt:
@@ -387,15 +424,16 @@ class TinkerService:
     def _folder(self, model_id: str, kind: str, name: str) -> Path:
         return self.root / model_id / kind / name
 
-    def checkpoint_folder(self, path: str) -> Path:
+    def checkpoint_folder(self, tenant: str, path: str) -> Path:
         model_id, kind, name = parse_path(path)
+        self.run_of(tenant, model_id)
         folder = self._folder(model_id, kind, name)
-        if model_id not in self.runs or not folder.is_dir():
+        if not folder.is_dir():
             raise NotFound(f"no checkpoint {path}")
         return folder
 
-    def checkpoints(self, model_id: str) -> list[dict[str, Any]]:
-        self.run_of(model_id)
+    def checkpoints(self, tenant: str, model_id: str) -> list[dict[str, Any]]:
+        self.run_of(tenant, model_id)
         found = []
         for kind, checkpoint_type in KINDS.items():
             for folder in sorted((self.root / model_id / kind).glob("*")):
@@ -409,12 +447,34 @@ class TinkerService:
                 })  # fmt: skip
         return found
 
-    async def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> None:
-        folder = self.checkpoint_folder(f"tinker://{model_id}/{checkpoint_id}")
+    async def delete_checkpoint(self, tenant: str, model_id: str, checkpoint_id: str) -> None:
         path = f"tinker://{model_id}/{checkpoint_id}"
+        folder = self.checkpoint_folder(tenant, path)
         if self.sampler.engine.has_adapter(served_name(path)):
             await self.sampler.unload_adapter(served_name(path))
         await asyncio.to_thread(shutil.rmtree, folder)
+
+
+def read_keys(path: str | Path) -> dict[str, str]:
+    """``--tinker-keys``: a JSON object of API key -> tenant (keys start with ``tml-``, as the SDK requires)."""
+    import json
+
+    from ..redact import register_secret
+
+    keys = json.loads(Path(path).read_text())
+    if not isinstance(keys, dict) or not keys or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in keys.items()):
+        raise ValueError(f"{path} must hold a JSON object of API key -> tenant name")
+    short = [key[:4] + "..." for key in keys if not key.startswith("tml-") or len(key) < 16]
+    if short:
+        raise ValueError(f"{path}: every key must start with 'tml-' and be at least 16 characters (the SDK refuses others): {short}")
+    for key in keys:
+        register_secret(key)  # never in this process's logs, spans or files
+    return keys
+
+
+def owned(owner: str, tenant: str, what: str) -> None:
+    if owner != tenant:
+        raise Forbidden(f"{what} belongs to another tenant")
 
 
 def served_name(path: str) -> str:
