@@ -228,3 +228,54 @@ def test_a_tenant_that_floods_the_queue_does_not_starve_another(service, other):
         queued[9].result(timeout=0)  # alice's 10th has not finished
     for future in queued:
         future.result()
+
+
+def test_a_sigkilled_server_restarts_with_every_tenants_saved_states(tmp_path, monkeypatch_module):
+    """Both tenants save states; the server is SIGKILLed while alice's next step runs; after a restart
+    every saved state is listed and loads to the same weights (same logprobs), and the old runs continue."""
+    port = free_port()
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({KEY: "alice", OTHER_KEY: "bob"}))
+    command = [sys.executable, "-m", "tracerl", "serve", "--tinker", "--inference", "none", "--port", str(port), "--path", str(tmp_path), "--tinker-keys", str(keys)]
+    env = {**os.environ, "TRACERL_SERVE_TOKEN": KEY, "HF_HUB_OFFLINE": "1"}
+    url = f"http://127.0.0.1:{port}"
+
+    def start() -> subprocess.Popen:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        for _ in range(360):
+            assert process.poll() is None
+            try:
+                if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
+                    return process
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        pytest.fail("tracerl serve --tinker did not start")
+
+    probe = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3, 4]), loss_fn_inputs={"target_tokens": [2, 3, 4, 5], "weights": [1.0] * 4})
+    process = start()
+    try:
+        saved, logprobs, runs = {}, {}, {}
+        for key in (KEY, OTHER_KEY):
+            client = tinker.ServiceClient(base_url=url, api_key=key).create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
+            for step in range(2):
+                client.forward_backward([probe], "cross_entropy").result()
+                client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+                saved[key] = client.save_state(f"step-{step + 1}").result().path
+            logprobs[key] = client.forward([probe], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+            runs[key] = client
+        runs[KEY].forward_backward([probe] * 8, "cross_entropy")  # in flight when the kill lands
+        process.kill()
+        process.wait(timeout=30)
+        process = start()
+        for key in (KEY, OTHER_KEY):
+            rest = tinker.RestClient(base_url=url, api_key=key)
+            listed = {c.tinker_path for c in rest.list_checkpoints(runs[key].model_id).result().checkpoints}
+            assert saved[key] in listed and saved[key].replace("step-2", "step-1") in listed
+            restored = tinker.ServiceClient(base_url=url, api_key=key).create_training_client_from_state_with_optimizer(saved[key]).result()
+            again = restored.forward([probe], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+            assert again == pytest.approx(logprobs[key], abs=1e-5)
+            # the killed server's clients go on: the resumed run takes the next request in its numbering
+            assert runs[key].forward([probe], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist() == pytest.approx(logprobs[key], abs=1e-5)
+    finally:
+        process.kill()
+        process.wait(timeout=30)

@@ -8,26 +8,30 @@ Weights saved for sampling are loaded at once into one multi-LoRA
 beside training.  Results are futures the SDK polls (:meth:`TinkerService.wait`).
 
 Checkpoints live on disk under ``root/<training run>/{weights,sampler_weights}/<name>`` in
-peft's layout; their ``tinker://`` paths name them.
+peft's layout, each written whole or not at all (:func:`tracerl.runs.durable.atomic_dir`);
+their ``tinker://`` paths name them.  ``run.json`` beside them records the run's tenant and
+settings, so a restarted server (after a SIGKILL too) resumes every run from its newest
+saved state: what was saved is never lost, and the SDK's next request continues the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
-import shutil
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ..base_models import EMBEDDED_ALIASES, resolve_base_model
 from ..errors import ConfigError, NonFiniteError, TrajectoryError
+from ..runs.durable import atomic_dir, atomic_write_text, remove_dir, repair_dir
 from .fair_queue import FairQueue, QueueFullError
 from .lora_pool import AdapterSpec, LoRAPool
 
@@ -74,7 +78,7 @@ class TrainingRun:
     spec: AdapterSpec
     user_metadata: dict[str, Any] | None = None
     last_request_time: str = ""
-    next_seq: int = 1  # creation is seq 0; the client's requests count from 1
+    next_seq: int = 1  # creation is seq 0; the client's requests count from 1 (0: resumed, the next one sets it)
     by_seq: dict[int, Result] = field(default_factory=dict)
     waiting: dict[int, Callable[[], Any]] = field(default_factory=dict)
 
@@ -140,6 +144,7 @@ class TinkerService:
         self.loop = asyncio.get_running_loop()
         self.root.mkdir(parents=True, exist_ok=True)
         self.pool = await asyncio.to_thread(LoRAPool, self.model_path)
+        await asyncio.to_thread(self._resume)
         self.sampler = TransformersServer(self.model_path, served_name=self.model_name)
         await self.sampler.start()
         log.info("tinker service: %s ready (checkpoints in %s)", self.model_name, self.root)
@@ -148,6 +153,27 @@ class TinkerService:
         await asyncio.to_thread(self.compute.close)
         if self.sampler is not None:
             await self.sampler.stop()
+
+    def _resume(self) -> None:
+        """Every run recorded under ``root``, its adapter from its newest saved state (a fresh one if none)."""
+        assert self.pool is not None
+        for record in sorted(self.root.glob("*/run.json")):
+            folder, saved = record.parent, json.loads(record.read_text())
+            for kind in KINDS:
+                for action in repair_dir(folder / kind):
+                    log.warning("tinker service: %s", action)
+            run = TrainingRun(
+                folder.name, saved["tenant"], saved["session_id"], saved["base_model"], AdapterSpec(**saved["spec"]),
+                saved.get("user_metadata"), now_iso(), next_seq=0,
+            )  # fmt: skip
+            self.runs[run.model_id] = run
+            self.sessions.setdefault(run.session_id, {"tenant": run.tenant, "finished": False, "heartbeat": time.monotonic(), "user_metadata": None})
+            states = sorted(saved_in(folder / "weights"), key=lambda state: state.stat().st_mtime)
+            if states:
+                self.pool.load(run.model_id, states[-1], with_optimizer=(states[-1] / "optimizer.pt").exists())
+            else:
+                self.pool.create(run.model_id, run.spec)
+            log.info("tinker service: resumed %s (%s) from %s", run.model_id, run.tenant, states[-1].name if states else "its start")
 
     def tenant_of(self, key: str | None) -> str | None:
         """The tenant of API key ``key`` (None: not a key of this server)."""
@@ -238,6 +264,8 @@ class TinkerService:
         run.last_request_time = now_iso()
         if seq_id in run.by_seq:  # a retry of a request already accepted
             return run.by_seq[seq_id]
+        if run.next_seq == 0:  # resumed after a restart: the client's numbering continues from here
+            run.next_seq = seq_id
         if seq_id < run.next_seq:
             raise ConfigError(f"seq_id {seq_id} of {model_id} was answered and forgotten; the client must use a new one")
         if seq_id == run.next_seq and self.compute.queued(tenant) >= self.compute.max_queued:
@@ -270,6 +298,9 @@ class TinkerService:
             if spec.rank > self.max_lora_rank:
                 raise Forbidden(f"LoRA rank {spec.rank} is above this server's limit of {self.max_lora_rank}")
             self.runs[model_id] = TrainingRun(model_id, tenant, session_id, base, spec, user_metadata, now_iso())
+            record = {"tenant": tenant, "session_id": session_id, "base_model": base, "spec": asdict(spec), "user_metadata": user_metadata}
+            (self.root / model_id).mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.root / model_id / "run.json", json.dumps(record))
         return model_id
 
     def create_model(self, tenant: str, session_id: str, model_seq_id: int, base_model: str, spec: AdapterSpec, user_metadata: Any) -> tuple[str, Result]:
@@ -323,7 +354,8 @@ class TinkerService:
 
         def work() -> dict[str, Any]:
             assert self.pool is not None
-            self.pool.save(model_id, self._folder(model_id, "weights", name), with_optimizer=True)
+            with atomic_dir(self._folder(model_id, "weights", name)) as folder:
+                self.pool.save(model_id, folder, with_optimizer=True)
             return {"path": f"tinker://{model_id}/weights/{name}", "type": "save_weights"}
 
         return self.sequenced(tenant, model_id, seq_id, work)
@@ -347,7 +379,8 @@ class TinkerService:
             assert self.pool is not None
             saved = name or f"ephemeral-{seq_id}"
             folder = self._folder(model_id, "sampler_weights", saved)
-            self.pool.save(model_id, folder, with_optimizer=False)
+            with atomic_dir(folder) as written:
+                self.pool.save(model_id, written, with_optimizer=False)
             path = f"tinker://{model_id}/sampler_weights/{saved}"
             self.sampler.engine.load_adapter(served_name(path), folder)
             if name is not None:
@@ -436,7 +469,7 @@ class TinkerService:
         self.run_of(tenant, model_id)
         found = []
         for kind, checkpoint_type in KINDS.items():
-            for folder in sorted((self.root / model_id / kind).glob("*")):
+            for folder in saved_in(self.root / model_id / kind):
                 found.append({
                     "checkpoint_id": f"{kind}/{folder.name}",
                     "checkpoint_type": checkpoint_type,
@@ -452,7 +485,7 @@ class TinkerService:
         folder = self.checkpoint_folder(tenant, path)
         if self.sampler.engine.has_adapter(served_name(path)):
             await self.sampler.unload_adapter(served_name(path))
-        await asyncio.to_thread(shutil.rmtree, folder)
+        await asyncio.to_thread(remove_dir, folder)
 
 
 def read_keys(path: str | Path) -> dict[str, str]:
@@ -470,6 +503,11 @@ def read_keys(path: str | Path) -> dict[str, str]:
     for key in keys:
         register_secret(key)  # never in this process's logs, spans or files
     return keys
+
+
+def saved_in(folder: Path) -> list[Path]:
+    """The checkpoints in ``folder`` (not the temp entries of a write in progress or killed)."""
+    return sorted(p for p in folder.glob("*") if p.is_dir() and not p.name.startswith("."))
 
 
 def owned(owner: str, tenant: str, what: str) -> None:
