@@ -15,7 +15,7 @@ BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo test docs chaos chaos-pipelined bench bench-pipeline clean
+.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-tinker test docs chaos chaos-pipelined bench bench-pipeline clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -106,6 +106,11 @@ install-ts: $(TS_DIR)/node_modules/.package-lock.json
 
 demo: install-vllm install-jemalloc
 	$(BIN)/python examples/demo.py
+
+# the demo through tracerl.TinkerBackend and a `tracerl serve --tinker` it starts on loopback
+# (docs/serverless.md); its run lives under .tracerl/tinker, apart from `make demo`'s
+demo-tinker: install install-jemalloc
+	$(BIN)/python examples/demo.py --backend tinker --data .tracerl/tinker
 
 test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs install-ts
 	$(BIN)/python -m pytest -q tests

@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracerl.integrations import rollout, trajectory, trajectory_group
 
     from .serve.remote_backend import RemoteBackend
+    from .tinker.backend import TinkerBackend
     from .train.distill import CompletionsTeacher, add_teacher_advantages, served_teacher, with_worked_examples
     from .loops.pipeline import PipelineTrainer
     from .loops.retention import keep_recent_and_top
@@ -80,6 +81,7 @@ __all__ = [
     "SFTConfig",
     "TeacherError",
     "TeacherTimeoutError",
+    "TinkerBackend",
     "TooManyExceptionsError",
     "TracerlError",
     "TrainResult",
@@ -113,6 +115,7 @@ _LAZY = {
     "PipelineTrainer": "tracerl.loops.pipeline",
     "keep_recent_and_top": "tracerl.loops.retention",
     "RemoteBackend": "tracerl.serve.remote_backend",
+    "TinkerBackend": "tracerl.tinker.backend",
     "SFTConfig": "tracerl.train.sft_config",
     "TrainSFTConfig": "tracerl.train.sft_config",
     "create_lr_schedule": "tracerl.train.sft_config",

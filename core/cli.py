@@ -198,6 +198,8 @@ def serve(
 
         try:
             keys = None if tinker_keys is None else read_keys(tinker_keys)
+            if keys is not None and token in keys:
+                raise ValueError("the server's --token is also a tenant key: the owner's token must be its own")
         except (OSError, ValueError) as error:
             raise typer.BadParameter(str(error), param_hint="--tinker-keys") from error
         tinker_service = TinkerService(Path(path) / "tinker", keys=keys, max_lora_rank=max_lora_rank, max_models=max_models)

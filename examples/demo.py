@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import re
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import tracerl
 from tracerl.train.allocator import describe as describe_allocator
@@ -209,6 +210,45 @@ def make_model(args: argparse.Namespace, name: str | None = None) -> tracerl.Tra
     )
 
 
+def make_tinker_backend(args: argparse.Namespace, stack: contextlib.ExitStack) -> tracerl.TinkerBackend:
+    """``--backend tinker``: train through a Tinker-API service with the official ``tinker`` SDK.
+
+    With ``--tinker-url`` that service (your key in ``$TINKER_API_KEY``); without, a
+    ``tracerl serve --tinker`` started here on loopback for this run (and stopped after it)."""
+    if args.tinker_url:
+        return tracerl.TinkerBackend(args.tinker_url)
+    import secrets
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    key = f"tml-demo-{secrets.token_hex(12)}"
+    keys = Path(args.data) / "tinker-keys.json"
+    keys.parent.mkdir(parents=True, exist_ok=True)
+    keys.write_text(json.dumps({key: "demo"}))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "tracerl", "serve", "--tinker", "--inference", "none", "--tinker-keys", str(keys),
+               "--port", str(port), "--path", str(Path(args.data) / "tinker-serve")]  # fmt: skip
+    log = stack.enter_context(open(Path(args.data) / "tinker-serve.log", "a"))
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    stack.callback(server.wait, 60)
+    stack.callback(server.terminate)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if server.poll() is not None:
+            raise SystemExit(f"tracerl serve --tinker exited; see {log.name}")
+        try:
+            if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    return tracerl.TinkerBackend(url, key)
+
+
 def make_backend(args: argparse.Namespace) -> tracerl.LocalBackend:
     """The demo's backend, sized for a laptop: the whole process tree stays under 6 GB (``bench/demo_step.py``).
 
@@ -254,10 +294,11 @@ async def main(args: argparse.Namespace) -> None:
     train_tasks = make_tasks(args.seed, 400)
     val_tasks = make_tasks(10_000 + args.seed, args.val_tasks)
     model = make_model(args)
-    backend = make_backend(args)
+    stack = contextlib.ExitStack()
+    backend = make_tinker_backend(args, stack) if args.backend == "tinker" else make_backend(args)
     started = time.monotonic()
     await model.register(backend)
-    how = "the merged policy" if backend.serve_merged else "the LoRA"
+    how = "a Tinker service" if args.backend == "tinker" else "the merged policy" if backend.serve_merged else "the LoRA"
     print(f"serving {model.get_inference_name()} ({how}) at {model.inference_base_url} ({time.monotonic() - started:.0f}s)")
     try:
         step = await model.get_step()
@@ -286,6 +327,7 @@ async def main(args: argparse.Namespace) -> None:
             await model.log(await evaluate(model, val_tasks), split="val", step=final)
     finally:
         await backend.close()
+        stack.close()
     summarize(model, args)
 
 
@@ -322,6 +364,8 @@ def parse_args() -> argparse.Namespace:
         help="restart under jemalloc when one is installed (tracerl.train.allocator): ~0.9 GB less peak per step",
     )  # fmt: skip
     p.add_argument("--base-model", default="smollm2-135m")
+    p.add_argument("--backend", choices=["local", "tinker"], default="local", help="tinker: train through a Tinker-API service (tracerl.TinkerBackend)")
+    p.add_argument("--tinker-url", default=None, help="--backend tinker: the service (default: start tracerl serve --tinker here)")
     p.add_argument("--groups-per-step", type=int, default=2)
     p.add_argument("--rollouts", type=int, default=8, help="rollouts per group")
     p.add_argument("--lr", type=float, default=1e-4)

@@ -34,7 +34,7 @@ def free_port() -> int:
 def url(tmp_path_factory):
     port = free_port()
     data = tmp_path_factory.mktemp("serve")
-    env = {**os.environ, "TRACERL_SERVE_TOKEN": KEY, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "TRACERL_SERVE_TOKEN": "owner-token-not-a-tenant-key", "HF_HUB_OFFLINE": "1"}
     keys = data / "keys.json"
     keys.write_text(json.dumps({KEY: "alice", OTHER_KEY: "bob"}))
     log = open(data / "serve.log", "w")  # noqa: SIM115
@@ -125,7 +125,7 @@ def test_supervised_loop_lowers_the_loss_and_samples_from_the_new_weights(servic
 
 
 def test_an_rl_step_with_importance_sampling(service):
-    training = service.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", rank=8, seed=1).result()
+    training = service.create_lora_training_client(base_model=BASE, rank=8, seed=1, train_unembed=False).result()  # the chunked projection
     tokenizer = training.get_tokenizer()
     sampler = training.save_weights_and_get_sampling_client().result()
     prompt = tokenizer.encode("Count: one, two,", add_special_tokens=False)
@@ -237,7 +237,7 @@ def test_a_sigkilled_server_restarts_with_every_tenants_saved_states(tmp_path, m
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({KEY: "alice", OTHER_KEY: "bob"}))
     command = [sys.executable, "-m", "tracerl", "serve", "--tinker", "--inference", "none", "--port", str(port), "--path", str(tmp_path), "--tinker-keys", str(keys)]
-    env = {**os.environ, "TRACERL_SERVE_TOKEN": KEY, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "TRACERL_SERVE_TOKEN": "owner-token-not-a-tenant-key", "HF_HUB_OFFLINE": "1"}
     url = f"http://127.0.0.1:{port}"
 
     def start() -> subprocess.Popen:
@@ -279,3 +279,40 @@ def test_a_sigkilled_server_restarts_with_every_tenants_saved_states(tmp_path, m
     finally:
         process.kill()
         process.wait(timeout=30)
+
+
+def test_tinker_backend_trains_a_tracerl_group_and_serves_each_step_as_name_at_step(url, tmp_path, monkeypatch_module):
+    """tracerl's loop through TinkerBackend: sampled turns (their token ids, through /v1) -> a GRPO step on
+    the service -> ``name@1`` answers on /v1 with the tenant's key; another tenant cannot reach it."""
+    import asyncio
+
+    import openai
+
+    import tracerl
+
+    async def run() -> None:
+        backend = tracerl.TinkerBackend(url, KEY)
+        model = tracerl.TrainableModel("agent", "tinker-test", "smollm2-135m", base_path=tmp_path, lora_config={"r": 8})
+        await model.register(backend)
+        client = model.openai_client()
+        messages = [{"role": "user", "content": "Say a color."}]
+        group = []
+        for seed in range(4):
+            completion = await client.chat.completions.create(
+                model=model.get_inference_name(), messages=messages, max_tokens=8, temperature=1.0, seed=seed
+            )
+            assert completion.model == "agent@0"
+            choice = tracerl.Choice.from_openai(completion.choices[0], completion)
+            assert choice.token_ids and len(choice.logprobs or []) == len(choice.token_ids)
+            group.append(tracerl.Trajectory(messages_and_choices=[*messages, choice], reward=float(seed)))
+        result = await backend.train(model, [tracerl.TrajectoryGroup(group)], learning_rate=1e-4)
+        assert result.step == 1 and math.isfinite(result.metrics["loss"]) and result.metrics["trained_tokens"] > 0
+        assert await backend.get_step(model) == 1 and await backend.list_checkpoints(model) == [1]
+        answer = await client.chat.completions.create(model=model.get_inference_name(), messages=messages, max_tokens=4)
+        assert answer.model == "agent@1"
+        other = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=OTHER_KEY, max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            await other.chat.completions.create(model="agent@1", messages=messages, max_tokens=4)
+        await backend.close()
+
+    asyncio.run(run())

@@ -73,6 +73,9 @@ class TransformersServer:
             "dtype": dtype,
         }
         self.default_max_tokens = default_max_tokens
+        self.answer_as: dict[str, str] = {}
+        """Served name -> the model name its answers carry, for a proxy that renames requests
+        (``tracerl serve --tinker`` serves each tenant's ``agent@3`` under a unique name)."""
         self.engine: Any = None
         self._http: BackgroundUvicorn | None = None
         self.base_url = ""
@@ -217,7 +220,7 @@ class TransformersServer:
             raise OpenAIError(str(error), status=404, type="not_found_error", param="model") from error
         choices = [self._choice(index, result, request, prompt_ids) for index, result in enumerate(results)]
         return chat_completion(
-            model=request.model,
+            model=self.answer_as.get(request.model, request.model),
             prompt_token_ids=prompt_ids,
             choices=choices,
             completion_tokens=sum(len(r.token_ids) for r in results),
@@ -292,7 +295,7 @@ class TransformersServer:
         if request.return_token_ids:
             choice["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = list(generated)
-        return completion_body(model=request.model, choice=choice, prompt_tokens=len(prompt_ids), completion_tokens=len(generated))
+        return completion_body(model=self.answer_as.get(request.model, request.model), choice=choice, prompt_tokens=len(prompt_ids), completion_tokens=len(generated))
 
     def _choice(self, index: int, result: Any, request: ChatRequest, prompt_ids: list[int]) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": result.text}

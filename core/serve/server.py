@@ -20,7 +20,8 @@ import inspect
 import json
 import logging
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, TextIO
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -32,7 +33,7 @@ from .. import __version__
 from ..errors import CheckpointError, ConfigError
 from ..inference.gateway import ROLLOUT_HEADER, ROLLOUTS_PATH, GatewayMiddleware
 from ..model import DEFAULT_BASE_PATH, TrainableModel
-from ..net.http_server import key_matches
+from ..net.http_server import key_matches, presented_key
 from ..net.untraced import untraced_fastapi
 from ..redact import register_secret
 from ..timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
@@ -44,6 +45,7 @@ from .remote_backend import API, decode_groups
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import Backend
     from ..tinker.service import TinkerService
+
 
 log = logging.getLogger("tracerl.serve")
 
@@ -111,7 +113,7 @@ class _State:
     """The models served here (by name, as ``LocalBackend`` keys them), their train locks and recent train results."""
 
     def __init__(
-        self, backend: "Backend", base_path: Any, inference_timeout: float | None, keys_per_model: int = DEFAULT_KEYS_PER_MODEL
+        self, backend: Backend, base_path: Any, inference_timeout: float | None, keys_per_model: int = DEFAULT_KEYS_PER_MODEL
     ) -> None:
         self.backend = backend
         self.inference_timeout = inference_timeout
@@ -124,6 +126,7 @@ class _State:
         self.gateways: OrderedDict[str, TrainableModel] = OrderedDict()
         """Open rollout gateway tokens -> the model whose inference server holds each (bounded)."""
         self._http: httpx.AsyncClient | None = None
+        self.tinker: TinkerService | None = None
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -162,7 +165,7 @@ class _State:
 
 
 def create_app(
-    backend: "Backend",
+    backend: Backend,
     *,
     token: str | None = None,
     base_path: Any = None,
@@ -170,7 +173,7 @@ def create_app(
     policy: ModelPolicy | None = None,
     inference_timeout: float | None = DEFAULT_INFERENCE_TIMEOUT,
     access_log: TextIO | None = None,
-    tinker: "TinkerService | None" = None,
+    tinker: TinkerService | None = None,
 ) -> FastAPI:
     """The ``tracerl serve`` app around ``backend`` (closed when the app shuts down).
 
@@ -190,6 +193,7 @@ def create_app(
     policy = policy or ModelPolicy()
     inference_timeout = check_timeout(inference_timeout, "inference_timeout")
     state = _State(backend, base_path or getattr(backend, "path", None) or DEFAULT_BASE_PATH, inference_timeout)
+    state.tinker = tinker
     register_secret(token)  # never in this process's logs, spans or files (tracerl.redact)
 
     @contextlib.asynccontextmanager
@@ -204,10 +208,17 @@ def create_app(
             await state.close()
 
     async def authorize(request: Request) -> None:
-        if token is None:
+        """The server's token, or (on ``/v1``) a Tinker tenant's key: ``request.state.tenant`` is then
+        that tenant, who may sample only its own weights; without tenant keys the owner is the one tenant."""
+        tenants = tinker is not None and tinker.keys is not None
+        request.state.tenant = tinker.tenant_of(None) if tinker is not None and not tenants else None
+        if token is None and not tenants or token is not None and key_matches(request.headers, token):
             return
-        if not key_matches(request.headers, token):
-            raise ServeError(401, "Unauthorized", "missing or wrong token for tracerl serve (Authorization: Bearer, or x-api-key)")
+        if tenants and request.url.path.startswith("/v1/"):
+            request.state.tenant = tinker.tenant_of(presented_key(request.headers))  # type: ignore[union-attr]
+            if request.state.tenant is not None:
+                return
+        raise ServeError(401, "Unauthorized", "missing or wrong token for tracerl serve (Authorization: Bearer, or x-api-key)")
 
     app = untraced_fastapi(title="tracerl serve", version=__version__, lifespan=lifespan)
     app.state.tracerl = state
@@ -418,11 +429,23 @@ async def _proxy(state: _State, request: Request, route: str) -> Response:
         requested = json.loads(content).get("model")
     except (ValueError, AttributeError) as error:
         raise ServeError(400, "invalid_request_error", f"the request body is not a JSON object: {error}") from error
-    model = state.upstream(requested)
-    headers = {"content-type": "application/json", **_upstream_headers(model)}  # the caller's own token stays here
+    tenant = request.state.tenant
+    internal = None
+    if state.tinker is not None and tenant is not None and isinstance(requested, str):
+        internal = await state.tinker.openai_name(tenant, requested)
+    if internal is not None:  # weights a Tinker client saved for sampling, on the service's multi-LoRA server
+        sampler = state.tinker.sampler  # type: ignore[union-attr]
+        content = json.dumps({**json.loads(content), "model": internal}).encode()
+        base_url, key = sampler.base_url, sampler.api_key
+    elif tenant is not None and state.tinker is not None and state.tinker.keys is not None:
+        raise ServeError(404, "not_found_error", f"The model `{requested}` is not one of your weights saved for sampling")
+    else:
+        model = state.upstream(requested)
+        base_url, key = model.inference_base_url, model.inference_api_key
+    headers = {"content-type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}  # the caller's own token stays here
     if request.headers.get(ROLLOUT_HEADER):
         headers[ROLLOUT_HEADER] = request.headers[ROLLOUT_HEADER]  # the call joins that rollout upstream
-    outgoing = state.http.build_request("POST", f"{model.inference_base_url}{route}", content=content, headers=headers)
+    outgoing = state.http.build_request("POST", f"{base_url}{route}", content=content, headers=headers)
     response = await _upstream_call(state.http.send(outgoing, stream=True), state.inference_timeout)
     return StreamingResponse(
         _relay(response), status_code=response.status_code, media_type=response.headers.get("content-type", "application/json")

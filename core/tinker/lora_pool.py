@@ -29,6 +29,7 @@ from ..inference.devices import (
     default_device,
     dtype_for,
 )
+from ..train.grpo import chunked_token_logprobs
 from .losses import LOSS_INPUTS, tinker_loss
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -76,7 +77,10 @@ class _Adapter:
 class LoRAPool:
     """One base model (fp32 on CPU, bf16 on CUDA) and the adapters trained on it."""
 
-    def __init__(self, model_path: str | Path, *, device: str | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, model_path: str | Path, *, device: str | None = None, dtype: torch.dtype | None = None, batch_tokens: int = 4096
+    ) -> None:
+        """``batch_tokens``: padded tokens of one forward pass at most (datums beyond it go in the next pass)."""
         from transformers import AutoModelForCausalLM
 
         self.device = device or default_device()
@@ -85,6 +89,7 @@ class LoRAPool:
         self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device)
         self.base.config.use_cache = False
         self.vocab_size = self.base.get_input_embeddings().num_embeddings
+        self.batch_tokens = batch_tokens
         self.peft_model: Any = None  # the PeftModel, once the first adapter exists
         self.adapters: dict[str, _Adapter] = {}
         self._next = 0
@@ -137,7 +142,7 @@ class LoRAPool:
         the gradients add up in the adapter (until :meth:`optim_step`).
 
         A non-finite loss raises before its backward, so nothing of it is accumulated."""
-        self._select(model_id)
+        adapter = self._select(model_id)
         for index, datum in enumerate(datums):
             self._check_tokens(datum)
             missing = [key for key in LOSS_INPUTS[loss_fn] if key not in datum.inputs]
@@ -147,23 +152,44 @@ class LoRAPool:
         total = 0.0
         self.peft_model.train(backward)
         with torch.set_grad_enabled(backward):
-            for index, datum in enumerate(datums):
-                logprobs_T = self._target_logprobs(datum)
-                inputs = {k: v.to(self.device, torch.float32) if k != "target_tokens" else v for k, v in datum.inputs.items()}
-                loss = tinker_loss(loss_fn, logprobs_T, inputs, loss_fn_config)
-                if not torch.isfinite(loss):
-                    raise NonFiniteError(f"the loss of datum {index} is {float(loss.detach())}; nothing of this call was applied")
+            for first, batch in batches(datums, self.batch_tokens):
+                losses = []
+                for index, (datum, logprobs_T) in enumerate(zip(batch, self._target_logprobs(batch, adapter.spec.train_unembed)), start=first):
+                    inputs = {k: v.to(self.device, torch.float32) if k != "target_tokens" else v for k, v in datum.inputs.items()}
+                    loss = tinker_loss(loss_fn, logprobs_T, inputs, loss_fn_config)
+                    if not torch.isfinite(loss):
+                        raise NonFiniteError(f"the loss of datum {index} is {float(loss.detach())}; nothing of this call was applied")
+                    losses.append(loss)
+                    logprobs_out.append(logprobs_T.detach().float().cpu().tolist())
+                loss = torch.stack(losses).sum()
                 if backward:
                     loss.backward()
                 total += float(loss.detach())
-                logprobs_out.append(logprobs_T.detach().float().cpu().tolist())
         return logprobs_out, total
 
-    def _target_logprobs(self, datum: Datum) -> torch.Tensor:
-        ids = torch.tensor([datum.tokens], device=self.device)
-        logits_TV = self.peft_model(input_ids=ids).logits[0].float()
-        targets = datum.inputs["target_tokens"].to(self.device, torch.long)
-        return torch.log_softmax(logits_TV, dim=-1).gather(-1, targets[:, None])[:, 0]
+    def _target_logprobs(self, batch: Sequence[Datum], lora_unembedding: bool) -> list[torch.Tensor]:
+        """Each datum's logprobs of its targets, from one right-padded forward pass over the batch.
+
+        Without a LoRA on the unembedding the projection to the vocabulary runs chunk by chunk on
+        the real tokens only (:func:`tracerl.train.grpo.chunked_token_logprobs`): no ``[B, T, V]`` logits."""
+        lengths = [len(d.tokens) for d in batch]
+        ids = torch.zeros(len(batch), max(lengths), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, datum in enumerate(batch):
+            ids[row, : lengths[row]] = torch.tensor(datum.tokens)
+            mask[row, : lengths[row]] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        targets = torch.cat([d.inputs["target_tokens"] for d in batch]).to(self.device, torch.long)
+        real = mask.bool()
+        causal_lm = self.peft_model.get_base_model()
+        if lora_unembedding:
+            logits_NV = self.peft_model(input_ids=ids, attention_mask=mask).logits[real].float()
+            logprobs = torch.log_softmax(logits_NV, dim=-1).gather(-1, targets[:, None])[:, 0]
+        else:
+            hidden_NH = causal_lm.model(input_ids=ids, attention_mask=mask).last_hidden_state[real]
+            weight = causal_lm.get_output_embeddings().weight
+            logprobs = chunked_token_logprobs(hidden_NH[None].float(), weight.float(), targets[None])[0][0]
+        return list(logprobs.split(lengths))
 
     def _check_tokens(self, datum: Datum) -> None:
         n = len(datum.tokens)
@@ -234,3 +260,20 @@ class LoRAPool:
         set_peft_model_state_dict(self.peft_model, load_file(str(path / "adapter_model.safetensors")), adapter_name=adapter.name)
         if with_optimizer:
             adapter.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+
+
+def batches(datums: Sequence[Datum], max_tokens: int) -> list[tuple[int, list[Datum]]]:
+    """Consecutive datums in batches of at most ``max_tokens`` padded tokens (a longer datum alone),
+    each with the index of its first datum."""
+    out: list[tuple[int, list[Datum]]] = []
+    batch: list[Datum] = []
+    first = 0
+    for index, datum in enumerate(datums):
+        longest = max([len(d.tokens) for d in batch] + [len(datum.tokens)])
+        if batch and longest * (len(batch) + 1) > max_tokens:
+            out.append((first, batch))
+            batch, first = [], index
+        batch.append(datum)
+    if batch:
+        out.append((first, batch))
+    return out

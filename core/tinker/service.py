@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hmac
 import json
 import logging
 import time
@@ -119,7 +120,7 @@ class TinkerService:
 
     def __init__(
         self, root: str | Path, *, base_model: str = "smollm2-135m", keys: Mapping[str, str] | None = None,
-        max_models: int = 4, max_lora_rank: int = 64, max_queued: int = 256, longpoll_s: float = 20.0,
+        max_models: int = 4, max_lora_rank: int = 64, max_queued: int = 256, longpoll_s: float = 35.0,
     ) -> None:  # fmt: skip
         self.root = Path(root)
         self.model_path = resolve_base_model(base_model)
@@ -132,6 +133,8 @@ class TinkerService:
         self.samplers: dict[str, SamplingSession] = {}
         self.results: OrderedDict[str, Result] = OrderedDict()
         self.created: dict[tuple[str, ...], Result] = {}  # creations by their dedupe key
+        self.served: dict[tuple[str, str], tuple[str, Path]] = {}
+        """(tenant, checkpoint name) -> the sampler's unique name for it and its folder: what ``/v1`` serves a tenant."""
         self.pool: LoRAPool | None = None
         self.sampler: Any = None  # TransformersServer
         self.compute = FairQueue(max_queued_per_tenant=max_queued)
@@ -168,6 +171,8 @@ class TinkerService:
             )  # fmt: skip
             self.runs[run.model_id] = run
             self.sessions.setdefault(run.session_id, {"tenant": run.tenant, "finished": False, "heartbeat": time.monotonic(), "user_metadata": None})
+            for weights in sorted(saved_in(folder / "sampler_weights"), key=lambda saved: saved.stat().st_mtime):
+                self.served[run.tenant, weights.name] = (served_name(f"tinker://{run.model_id}/sampler_weights/{weights.name}"), weights)
             states = sorted(saved_in(folder / "weights"), key=lambda state: state.stat().st_mtime)
             if states:
                 self.pool.load(run.model_id, states[-1], with_optimizer=(states[-1] / "optimizer.pt").exists())
@@ -176,10 +181,28 @@ class TinkerService:
             log.info("tinker service: resumed %s (%s) from %s", run.model_id, run.tenant, states[-1].name if states else "its start")
 
     def tenant_of(self, key: str | None) -> str | None:
-        """The tenant of API key ``key`` (None: not a key of this server)."""
+        """The tenant of API key ``key`` (None: not a key of this server); compared in constant time."""
         if self.keys is None:
             return DEFAULT_TENANT
-        return self.keys.get(key or "")
+        found = None
+        for known, tenant in self.keys.items():
+            if hmac.compare_digest(known.encode(), (key or "").encode()):
+                found = tenant
+        return found
+
+    async def openai_name(self, tenant: str, requested: str) -> str | None:
+        """The sampler's name for what ``tenant`` asks ``/v1`` for: the base model, or one of its
+        weights saved for sampling by checkpoint name (``agent@3``: its newest run's); None: not ours."""
+        if requested in self.sampler.base_names:
+            return requested
+        found = self.served.get((tenant, requested))
+        if found is None:
+            return None
+        internal, folder = found
+        if not self.sampler.engine.has_adapter(internal):  # saved before a restart
+            await asyncio.to_thread(self.sampler.engine.load_adapter, internal, folder)
+            self.sampler.answer_as[internal] = requested
+        return internal
 
     @property
     def max_context_length(self) -> int:
@@ -383,6 +406,8 @@ class TinkerService:
                 self.pool.save(model_id, written, with_optimizer=False)
             path = f"tinker://{model_id}/sampler_weights/{saved}"
             self.sampler.engine.load_adapter(served_name(path), folder)
+            self.sampler.answer_as[served_name(path)] = saved  # /v1 answers carry the tenant's own name
+            self.served[tenant, saved] = (served_name(path), folder)
             if name is not None:
                 return {"path": path, "type": "save_weights_for_sampler"}
             session_id = f"{run.session_id}:sample:{sampling_session_seq_id}"
@@ -483,6 +508,8 @@ class TinkerService:
     async def delete_checkpoint(self, tenant: str, model_id: str, checkpoint_id: str) -> None:
         path = f"tinker://{model_id}/{checkpoint_id}"
         folder = self.checkpoint_folder(tenant, path)
+        if self.served.get((tenant, folder.name), ("", None))[0] == served_name(path):
+            del self.served[tenant, folder.name]
         if self.sampler.engine.has_adapter(served_name(path)):
             await self.sampler.unload_adapter(served_name(path))
         await asyncio.to_thread(remove_dir, folder)
