@@ -108,7 +108,7 @@ demo: install-vllm install-jemalloc
 	$(BIN)/python examples/demo.py
 
 # the demo through tracerl.TinkerBackend and a `tracerl serve --tinker` it starts on loopback
-# (docs/serverless.md); its run lives under .tracerl/tinker, apart from `make demo`'s
+# (docs/serverless.md; ~30 min on 2 cores); its run lives under .tracerl/tinker, apart from `make demo`'s
 demo-tinker: install install-jemalloc
 	$(BIN)/python examples/demo.py --backend tinker --data .tracerl/tinker
 
