@@ -28,6 +28,8 @@ EXPECTED_ALL = {
     # on-policy distillation (tracerl.train.distill)
     "CompletionsTeacher", "TeacherError", "TeacherTimeoutError", "add_teacher_advantages", "served_teacher",
     "with_worked_examples",
+    # serverless: a Backend over any Tinker-API service (tracerl.tinker.backend)
+    "TinkerBackend",
 }
 
 
