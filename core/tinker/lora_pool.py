@@ -121,11 +121,6 @@ class LoRAPool:
         self.adapters[model_id] = adapter
         return adapter
 
-    def remove(self, model_id: str) -> None:
-        adapter = self.adapters.pop(model_id, None)
-        if adapter is not None:
-            self.peft_model.delete_adapter(adapter.name)
-
     def _select(self, model_id: str) -> _Adapter:
         adapter = self.adapters.get(model_id)
         if adapter is None:

@@ -396,7 +396,8 @@ class TinkerService:
     def save_for_sampler(self, tenant: str, model_id: str, seq_id: int, name: str | None, sampling_session_seq_id: int | None) -> Result:
         """Save the adapter and serve it at once (as ``<run>@<name>``); unnamed: also a sampling session."""
         run = self.run_of(tenant, model_id)
-        check_name(name or "x")
+        if name is not None:
+            check_name(name)
 
         def work() -> dict[str, Any]:
             assert self.pool is not None
