@@ -316,3 +316,34 @@ def test_tinker_backend_trains_a_tracerl_group_and_serves_each_step_as_name_at_s
         await backend.close()
 
     asyncio.run(run())
+
+
+def test_tinker_backend_sft_lowers_the_held_out_loss_and_logs_its_row(url, tmp_path, monkeypatch_module):
+    """``TinkerBackend.train_sft`` (cross_entropy through the SDK): the examples' loss falls, one new step
+    ``name@1`` is served, and its ``sft`` row is in the history as LocalBackend writes it."""
+    import asyncio
+
+    import tracerl
+
+    examples = [
+        {"messages": [{"role": "user", "content": f"Code word {i}?"}, {"role": "assistant", "content": "The code word is zebra."}]}
+        for i in range(4)
+    ]
+
+    async def run() -> None:
+        backend = tracerl.TinkerBackend(url, KEY)
+        model = tracerl.TrainableModel("sft-agent", "tinker-test", "smollm2-135m", base_path=tmp_path, lora_config={"r": 8})
+        await model.register(backend)
+        config = {"learning_rate": 1e-3, "batch_size": 2, "epochs": 2, "show_progress": False}
+        result = await backend.train_sft(model, examples, config, val_trajectories=examples[:2])
+        assert result.step == 1 and result.metrics["optimizer_steps"] == 4
+        assert result.metrics["val_loss"] < 0.8 * result.metrics["val_loss_before"], result.metrics
+        rows = [row for row in model.run_dir.read_history() if "sft/val_loss" in row]
+        assert [row["step"] for row in rows] == [1]
+        answer = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(), messages=examples[0]["messages"][:1], max_tokens=8, temperature=0
+        )
+        assert answer.model == "sft-agent@1"
+        await backend.close()
+
+    asyncio.run(run())

@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..model import Model, TrainableModel
 from ..redact import register_secret
 from ..runs.durable import atomic_write_text
+from ..runs.storage import history_row
 from ..types import TrainResult, TrajectoryGroup
 
 log = logging.getLogger("tracerl.tinker")
@@ -98,8 +99,6 @@ class TinkerBackend:
         groups = list(trajectory_groups)
         datums, metrics = self._datums(trainable, groups, scale_rewards, allow_retokenize)
         training = self.clients[trainable.project, trainable.name]
-        state = self._state(trainable)
-        step = state["step"] + 1
         started = time.monotonic()
         if datums:
             config = {"clip_low_threshold": max(low, 0.0), "clip_high_threshold": high}
@@ -109,19 +108,62 @@ class TinkerBackend:
             metrics["loss"] = backward.metrics["loss:sum"]
             metrics.update({key.split(":")[0]: value for key, value in (optimizer.metrics or {}).items()})
         metrics["train_seconds"] = time.monotonic() - started
-        started = time.monotonic()
-        saved = await training.save_state(f"step-{step}")
-        await training.save_weights_for_sampler(name=trainable.get_inference_name(step))
-        metrics["save_seconds"] = time.monotonic() - started
-        state["states"][str(step)] = saved.path
-        state["step"] = step
-        self._write_state(trainable, state)
-        trainable._step_cache = step
-        return TrainResult(step=step, metrics=metrics, checkpoint_path=saved.path)
+        return await self._commit(trainable, self._state(trainable)["step"] + 1, metrics)
 
-    async def train_sft(self, model: Model, trajectories: Any, config: Any = None, **kwargs: Any) -> TrainResult:
-        """Not offered yet: SFT through a Tinker service (``cross_entropy`` datums) is still to build."""
-        raise NotImplementedError("TinkerBackend has no train_sft yet: run SFT with LocalBackend or RemoteBackend, then continue here")
+    async def train_sft(
+        self, model: Model, trajectories: Any, config: Any = None, *, val_trajectories: Any = None
+    ) -> TrainResult:  # fmt: skip
+        """Supervised fine-tuning as :meth:`LocalBackend.train_sft <tracerl.LocalBackend.train_sft>` does it: one new step.
+
+        The examples are tokenized by LocalBackend's SFT path (:mod:`tracerl.train.sft`); each
+        optimizer step is one ``forward_backward`` with Tinker's ``cross_entropy`` (a sum, so each
+        token weighs ``SFTConfig.normalization``'s share of the batch) and one ``optim_step`` at
+        the schedule's learning rate.  The held-out loss is a ``forward``.  The ``sft`` row is
+        appended to the run's history, as LocalBackend appends it.
+        """
+        from tinker import types
+
+        from ..train.sft import SFT_SPLIT, batches, prepare, sequence_weights
+        from ..train.sft_config import SFTConfig
+        from ..train.sft_data import as_sft_examples
+
+        trainable = self._registered(model)
+        config = SFTConfig.coerce(config)
+        examples = as_sft_examples(trajectories)
+        val = as_sft_examples(val_trajectories) if val_trajectories is not None else None
+        run = prepare(self.tokenizers[trainable.project, trainable.name], examples, val, config, None)
+        steps = batches(list(range(len(run.train))), config.resolved_batch_size, config.epochs, config.shuffle, config.seed)
+        rates = config.schedule(len(steps))
+        training = self.clients[trainable.project, trainable.name]
+
+        def datums(sequences: list[Any]) -> list[Any]:
+            weights = sequence_weights(sequences, config.normalization)
+            return [_datum(seq, {"weights": [weight * w for w in seq.weights[1:]]}) for seq, weight in zip(sequences, weights)]
+
+        async def val_loss() -> float:
+            result = await training.forward(datums([s for example in run.val for s in example]), "cross_entropy")
+            return float(result.metrics["loss:sum"])
+
+        started = time.monotonic()
+        metrics: dict[str, float] = {}
+        if run.val:
+            metrics["val_loss_before"] = await val_loss()
+        losses: list[float] = []
+        for (epoch, members), rate in zip(steps, rates):
+            backward = await training.forward_backward(datums([s for i in members for s in run.train[i]]), "cross_entropy")
+            adam = types.AdamParams(learning_rate=rate, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=config.max_grad_norm)
+            await training.optim_step(adam)
+            losses.append(float(backward.metrics["loss:sum"]))
+        if run.val:
+            metrics["val_loss"] = await val_loss()
+        metrics.update({
+            "loss_first_step": losses[0], "loss_last_step": losses[-1], "optimizer_steps": float(len(steps)),
+            "epochs": float(config.epochs), "num_examples": float(len(run.train)), "num_val_examples": float(len(run.val)),
+            "examples_without_trained_tokens": float(run.skipped), "train_seconds": time.monotonic() - started, **run.stats.metrics(),
+        })  # fmt: skip
+        result = await self._commit(trainable, self._state(trainable)["step"] + 1, metrics)
+        trainable.run_dir.append_history(history_row(result.step, SFT_SPLIT, metrics))
+        return result
 
     async def get_step(self, model: Model) -> int:
         return int(self._state(self._registered(model))["step"])
@@ -151,6 +193,20 @@ class TinkerBackend:
         self.service = None
 
     # -- helpers ---------------------------------------------------------------------------
+    async def _commit(self, model: TrainableModel, step: int, metrics: dict[str, float]) -> TrainResult:
+        """Save the state as ``step`` and its weights for sampling as ``name@step``; then record it in ``tinker.json``."""
+        training = self.clients[model.project, model.name]
+        started = time.monotonic()
+        saved = await training.save_state(f"step-{step}")
+        await training.save_weights_for_sampler(name=model.get_inference_name(step))
+        metrics["save_seconds"] = time.monotonic() - started
+        state = self._state(model)
+        state["states"][str(step)] = saved.path
+        state["step"] = step
+        self._write_state(model, state)
+        model._step_cache = step
+        return TrainResult(step=step, metrics=metrics, checkpoint_path=saved.path)
+
     def _registered(self, model: Model) -> TrainableModel:
         if not isinstance(model, TrainableModel) or (model.project, model.name) not in self.clients:
             raise ConfigError(f"model {model.name!r} is not registered with this TinkerBackend: await model.register(backend) first")
@@ -170,8 +226,6 @@ class TinkerBackend:
 
     def _datums(self, model: TrainableModel, groups: list[TrajectoryGroup], scale_rewards: bool, allow_retokenize: bool) -> tuple[list[Any], dict[str, float]]:
         """Rows tokenized as LocalBackend does, as Tinker datums whose summed loss is LocalBackend's mean."""
-        from tinker import types
-
         from ..train.grpo import equal_trajectory_weights, group_advantages
         from ..train.tokenization import TokenizeStats, tokenize_trajectory
 
@@ -202,10 +256,7 @@ class TinkerBackend:
             scale = advantage * weight_of[row.trajectory_index] / total
             weights = row.weights[1:]  # token i+1 is the target at position i
             logprobs = [lp if w > 0 and not math.isnan(lp) else 0.0 for lp, w in zip(row.old_logprobs[1:], weights)]
-            datums.append(types.Datum(
-                model_input=types.ModelInput.from_ints(row.token_ids[:-1]),
-                loss_fn_inputs={"target_tokens": row.token_ids[1:], "logprobs": logprobs, "advantages": [scale * w for w in weights]},
-            ))  # fmt: skip
+            datums.append(_datum(row, {"logprobs": logprobs, "advantages": [scale * w for w in weights]}))
         metrics = {
             "num_groups": float(len(groups)),
             "num_groups_trainable": float(trainable_groups),
@@ -215,3 +266,10 @@ class TinkerBackend:
             **stats.metrics(),
         }
         return datums, metrics
+
+
+def _datum(row: Any, inputs: dict[str, list[float]]) -> Any:
+    """A Tinker ``Datum`` of one tokenized row: position ``i`` predicts token ``i + 1`` (``inputs`` per target)."""
+    from tinker import types
+
+    return types.Datum(model_input=types.ModelInput.from_ints(row.token_ids[:-1]), loss_fn_inputs={"target_tokens": row.token_ids[1:], **inputs})
