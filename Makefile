@@ -15,7 +15,7 @@ BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-tinker test docs chaos chaos-pipelined bench bench-pipeline clean
+.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-tinker test docs chaos chaos-pipelined bench bench-pipeline bench-multitenant clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -124,6 +124,10 @@ chaos: $(STAMP)
 # on the demo with a slow MCP tool, 3 seeds each (~30 min); results in bench/pipeline.json
 bench-pipeline: $(STAMP)
 	$(BIN)/python bench/pipeline.py --seeds 0,1,2
+
+# 4 models on one tracerl serve --tinker vs 4 LocalBackends: memory, steps/hour, decode speed (~25 min)
+bench-multitenant: $(STAMP)
+	$(BIN)/python bench/multitenant.py --json bench/multitenant.json
 
 # the same for the pipelined loop (tracerl.PipelineTrainer, rollouts beside the step): 12 kills (~4 min)
 chaos-pipelined: $(STAMP)

@@ -48,6 +48,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "capture_memory": [],
     "langgraph_overhead": [],
     "pipeline": ["--seeds", "0,1,2", "--results", "{raw}/pipeline_results.json"],
+    "multitenant": ["--json", "{raw}/multitenant_results.json"],
 }  # fmt: skip
 
 

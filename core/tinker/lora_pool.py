@@ -30,6 +30,9 @@ from ..inference.devices import (
     dtype_for,
 )
 from ..train.grpo import chunked_token_logprobs
+from ..train.packing import MicroBatch, pack_sequences
+from ..train.tokenization import TrainingSequence
+from ..train.trainer import enable_checkpointing
 from .losses import LOSS_INPUTS, tinker_loss
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -78,9 +81,12 @@ class LoRAPool:
     """One base model (fp32 on CPU, bf16 on CUDA) and the adapters trained on it."""
 
     def __init__(
-        self, model_path: str | Path, *, device: str | None = None, dtype: torch.dtype | None = None, batch_tokens: int = 4096
+        self, model_path: str | Path, *, device: str | None = None, dtype: torch.dtype | None = None, batch_tokens: int = 4096,
+        gradient_checkpointing: bool | int = 2,
     ) -> None:
-        """``batch_tokens``: padded tokens of one forward pass at most (datums beyond it go in the next pass)."""
+        """``batch_tokens``: padded tokens of one forward pass at most (:func:`pack`).
+        ``gradient_checkpointing``: as :class:`~tracerl.train.trainer.LoRATrainer`'s; every 2nd layer by
+        default, as the demo trains (without it a 4,096-token pass keeps ~5 GB of activations here)."""
         from transformers import AutoModelForCausalLM
 
         self.device = device or default_device()
@@ -88,6 +94,7 @@ class LoRAPool:
         check_room_for(model_path, self.device, overhead=TRAIN_OVERHEAD, what="the trainer", dtype=self.dtype)
         self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device)
         self.base.config.use_cache = False
+        enable_checkpointing(self.base, gradient_checkpointing)
         self.vocab_size = self.base.get_input_embeddings().num_embeddings
         self.batch_tokens = batch_tokens
         self.peft_model: Any = None  # the PeftModel, once the first adapter exists
@@ -143,48 +150,46 @@ class LoRAPool:
             missing = [key for key in LOSS_INPUTS[loss_fn] if key not in datum.inputs]
             if missing:
                 raise TrajectoryError(f"datum {index} has no loss_fn_inputs {missing}: {loss_fn} needs {list(LOSS_INPUTS[loss_fn])}")
-        logprobs_out: list[list[float]] = []
+        logprobs_out: dict[int, list[float]] = {}
         total = 0.0
         self.peft_model.train(backward)
         with torch.set_grad_enabled(backward):
-            for first, batch in batches(datums, self.batch_tokens):
+            for batch in pack(datums, self.batch_tokens):
                 losses = []
-                for index, (datum, logprobs_T) in enumerate(zip(batch, self._target_logprobs(batch, adapter.spec.train_unembed)), start=first):
-                    inputs = {k: v.to(self.device, torch.float32) if k != "target_tokens" else v for k, v in datum.inputs.items()}
+                for index, logprobs_T in self._target_logprobs(batch, datums, adapter.spec.train_unembed):
+                    inputs = {k: v.to(self.device, torch.float32) if k != "target_tokens" else v for k, v in datums[index].inputs.items()}
                     loss = tinker_loss(loss_fn, logprobs_T, inputs, loss_fn_config)
                     if not torch.isfinite(loss):
                         raise NonFiniteError(f"the loss of datum {index} is {float(loss.detach())}; nothing of this call was applied")
                     losses.append(loss)
-                    logprobs_out.append(logprobs_T.detach().float().cpu().tolist())
+                    logprobs_out[index] = logprobs_T.detach().float().cpu().tolist()
                 loss = torch.stack(losses).sum()
                 if backward:
                     loss.backward()
                 total += float(loss.detach())
-        return logprobs_out, total
+        return [logprobs_out[i] for i in range(len(datums))], total
 
-    def _target_logprobs(self, batch: Sequence[Datum], lora_unembedding: bool) -> list[torch.Tensor]:
-        """Each datum's logprobs of its targets, from one right-padded forward pass over the batch.
+    def _target_logprobs(self, batch: MicroBatch, datums: Sequence[Datum], lora_unembedding: bool) -> list[tuple[int, torch.Tensor]]:
+        """``(datum index, logprobs of its targets)`` for each datum packed in ``batch``, from one forward pass.
 
-        Without a LoRA on the unembedding the projection to the vocabulary runs chunk by chunk on
-        the real tokens only (:func:`tracerl.train.grpo.chunked_token_logprobs`): no ``[B, T, V]`` logits."""
-        lengths = [len(d.tokens) for d in batch]
-        ids = torch.zeros(len(batch), max(lengths), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, datum in enumerate(batch):
-            ids[row, : lengths[row]] = torch.tensor(datum.tokens)
-            mask[row, : lengths[row]] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        targets = torch.cat([d.inputs["target_tokens"] for d in batch]).to(self.device, torch.long)
-        real = mask.bool()
+        The projection to the vocabulary runs on the picked positions only; without a LoRA on the
+        unembedding, chunk by chunk (:func:`tracerl.train.grpo.chunked_token_logprobs`)."""
         causal_lm = self.peft_model.get_base_model()
+        hidden_BTH = causal_lm.model(
+            input_ids=batch.input_ids_BT.to(self.device),
+            position_ids=batch.position_ids_BT.to(self.device),
+            attention_mask=batch.attention_mask_B1TT.to(self.device, dtype=self.dtype),
+        ).last_hidden_state
+        hidden_NH = hidden_BTH[batch.rows_N.to(self.device), batch.positions_N.to(self.device)].float()
+        indices, counts = torch.unique_consecutive(batch.sequence_ids_N, return_counts=True)
+        targets = torch.cat([datums[i].inputs["target_tokens"] for i in indices.tolist()]).to(self.device, torch.long)
         if lora_unembedding:
-            logits_NV = self.peft_model(input_ids=ids, attention_mask=mask).logits[real].float()
+            logits_NV = causal_lm.get_output_embeddings()(hidden_NH.to(self.dtype)).float()
             logprobs = torch.log_softmax(logits_NV, dim=-1).gather(-1, targets[:, None])[:, 0]
         else:
-            hidden_NH = causal_lm.model(input_ids=ids, attention_mask=mask).last_hidden_state[real]
             weight = causal_lm.get_output_embeddings().weight
-            logprobs = chunked_token_logprobs(hidden_NH[None].float(), weight.float(), targets[None])[0][0]
-        return list(logprobs.split(lengths))
+            logprobs = chunked_token_logprobs(hidden_NH[None], weight.float(), targets[None])[0][0]
+        return list(zip(indices.tolist(), logprobs.split(counts.tolist())))
 
     def _check_tokens(self, datum: Datum) -> None:
         n = len(datum.tokens)
@@ -257,18 +262,40 @@ class LoRAPool:
             adapter.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
 
 
-def batches(datums: Sequence[Datum], max_tokens: int) -> list[tuple[int, list[Datum]]]:
-    """Consecutive datums in batches of at most ``max_tokens`` padded tokens (a longer datum alone),
-    each with the index of its first datum."""
-    out: list[tuple[int, list[Datum]]] = []
-    batch: list[Datum] = []
-    first = 0
-    for index, datum in enumerate(datums):
-        longest = max([len(d.tokens) for d in batch] + [len(datum.tokens)])
-        if batch and longest * (len(batch) + 1) > max_tokens:
-            out.append((first, batch))
-            batch, first = [], index
-        batch.append(datum)
-    if batch:
-        out.append((first, batch))
-    return out
+MIN_SHARED_PREFIX = 16
+"""Datums share one computed prompt only when it is at least this long and half of each datum."""
+
+
+def pack(datums: Sequence[Datum], max_tokens: int) -> list[MicroBatch]:
+    """The datums as the trainer's packed micro-batches (:func:`tracerl.train.packing.pack_sequences`):
+    datums that start with the same prompt (an RL group's samples) compute it once.
+
+    Every input position is picked (the packer's "trained" tokens), so each datum gets the
+    logprob of all its targets, in order; a Tinker datum's targets need not be its inputs
+    shifted, so the packer's own targets are replaced by them (:meth:`LoRAPool._target_logprobs`).
+    """
+    order = sorted(range(len(datums)), key=lambda i: datums[i].tokens)  # long common prefixes side by side
+    cluster_of: dict[int, int] = {}
+    first = None
+    for i in order:
+        tokens = datums[i].tokens
+        if first is None or shared_length(datums[first].tokens, tokens) < max(MIN_SHARED_PREFIX, len(tokens) / 2):
+            first = i
+        cluster_of[i] = first
+    sequences = [
+        TrainingSequence(
+            token_ids=[*d.tokens, 0],  # one placeholder after the last input: the packer predicts tokens 1..n
+            weights=[0.0] + [1.0] * len(d.tokens), old_logprobs=[0.0] * (len(d.tokens) + 1), trajectory_index=i, group_index=cluster_of[i],
+        )
+        for i, d in enumerate(datums)
+    ]  # fmt: skip
+    return pack_sequences(sequences, [1.0] * len(sequences), max_tokens=max_tokens)
+
+
+def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

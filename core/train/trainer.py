@@ -83,6 +83,21 @@ def trained_tokens(micro_batches: Sequence[MicroBatch]) -> float:
     return sum(float((mb.weights_N > 0).sum()) for mb in micro_batches)
 
 
+def enable_checkpointing(base_model: Any, gradient_checkpointing: bool | int) -> None:
+    """Recompute activations in backward: every layer (``True``), every n-th layer (``n``), or none.
+
+    Non-reentrant, so LoRA's inputs need no ``requires_grad`` and the recompute sees the same mask."""
+    every_n_layers = int(gradient_checkpointing)
+    if every_n_layers < 0:
+        raise ConfigError(f"gradient_checkpointing is a bool or a layer stride >= 1, got {gradient_checkpointing}")
+    if not every_n_layers:
+        return
+    if hasattr(base_model, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns there
+        base_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers)
+    else:
+        base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class LoRATrainer:
     """Holds the base model with a trainable LoRA and its optimizer."""
 
@@ -137,18 +152,7 @@ class LoRATrainer:
                     task_type="CAUSAL_LM",
                 )
                 self.model = get_peft_model(base, config)
-        every_n_layers = int(gradient_checkpointing)
-        if every_n_layers < 0:
-            raise ConfigError(f"gradient_checkpointing is a bool or a layer stride >= 1, got {gradient_checkpointing}")
-        if every_n_layers:
-            # non-reentrant: LoRA's inputs need no requires_grad, and the recompute sees the same mask
-            base_model = self.model.get_base_model()
-            if hasattr(base_model, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns there
-                base_model.activation_checkpointing_enable(
-                    activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers
-                )
-            else:
-                base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(self.model.get_base_model(), gradient_checkpointing)
         self.gradient_checkpointing = gradient_checkpointing
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]

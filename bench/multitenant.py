@@ -1,0 +1,285 @@
+"""Four models on one ``tracerl serve --tinker`` vs four separate LocalBackends, side by side.
+
+Both sides train the demo's model, task, rollout and reward (``examples/demo.py``: SmolLM2-135M,
+LoRA r16, 2 groups x 8 rollouts per step, lr 1e-4); model ``i`` uses the demo's tasks of seed
+``i`` on both sides, and every model takes the same number of steps.
+
+* ``shared``: one ``tracerl serve --tinker`` process.  Four tenants (one key each) with one model
+  each, trained in turn through :class:`tracerl.TinkerBackend` from one client process.  The
+  service trains all four as peft adapters of one copy of the base and samples them all from
+  one transformers server holding every saved LoRA.
+* ``separate``: four LocalBackends configured as the demo configures one (vLLM serving the merged
+  policy, reloaded after each step; the trainer in the process), each in a process of its own.
+  They run one after another: four at once would need the sum of their peaks, and that sum is
+  what the table shows (the machine has 24 GiB; running them at once would only add swapping).
+
+Per side: peak memory of the whole process tree (the worker and every descendant, sampled every
+0.2 s; PSS, which splits shared pages, and the RSS sum, which counts them once per process),
+set-up (servers started, models registered), step time (rollouts + train + the new weights
+served), steps per hour (3600 / the median step), and decode speed per model: after training,
+``--decode-requests`` requests of ``--decode-tokens`` tokens (T=1, one at a time, a short prompt)
+to each model's newest weights through its OpenAI endpoint, median tokens/s; % of the matmul
+ceiling at 2·P FLOPs per token (``bench/ceiling.py``, measured before each worker).
+
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/multitenant.py --json bench/multitenant.json   (make bench-multitenant)
+    .venv/bin/python bench/multitenant.py --table-only --json bench/multitenant.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+GFLOP_PER_TOKEN = 0.27  # 2 x 134.5M parameters
+PROMPT = "Write a short story about a robot and its favourite colour."
+WORKER_TIMEOUT_S = 3600
+
+
+# -- the workers ------------------------------------------------------------------------------
+def demo_args(seed: int, data: str) -> argparse.Namespace:
+    import demo
+
+    saved = sys.argv
+    try:
+        sys.argv = ["demo.py", "--seed", str(seed), "--data", data]
+        return demo.parse_args()
+    finally:
+        sys.argv = saved
+
+
+async def decode_speed(model: Any, requests: int, tokens: int) -> dict[str, float]:
+    """Median tokens/s of ``requests`` one-at-a-time completions from the model's newest weights."""
+    client = model.openai_client()
+    rates, counts = [], []
+    for seed in range(requests):
+        started = time.perf_counter()
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=[{"role": "user", "content": PROMPT}], max_tokens=tokens, temperature=1.0, seed=seed
+        )
+        counts.append(completion.usage.completion_tokens)
+        rates.append(completion.usage.completion_tokens / (time.perf_counter() - started))
+    return {"decode_tok_s": statistics.median(rates), "decode_tokens": statistics.median(counts)}
+
+
+def start_tinker_server(data: Path, keys: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    (data / "keys.json").write_text(json.dumps(keys))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "tracerl", "serve", "--tinker", "--inference", "none", "--tinker-keys", str(data / "keys.json"),
+               "--port", str(port), "--path", str(data / "serve")]  # fmt: skip
+    server = subprocess.Popen(command, stdout=open(data / "serve.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"tracerl serve --tinker exited:\n{(data / 'serve.log').read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.kill()
+    raise SystemExit("tracerl serve --tinker did not answer /api/v1/healthz within 300 s")
+
+
+async def shared_worker(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+    import demo
+    import psutil
+    import tracerl
+
+    started = time.monotonic()
+    keys = {f"tml-bench-{i}-{secrets.token_hex(8)}": f"tenant{i}" for i in range(args.models)}
+    server, url = start_tinker_server(data, keys)
+    try:
+        models = []
+        for i, key in enumerate(keys):
+            dargs = demo_args(i, str(data / "runs"))
+            backend = tracerl.TinkerBackend(url, key)
+            model = demo.make_model(dargs, name=f"tenant{i}")
+            await model.register(backend)
+            models.append((model, backend, dargs))
+        setup = time.monotonic() - started
+        seconds: dict[int, list[float]] = {i: [] for i in range(args.models)}
+        for step in range(args.steps):  # in turn: every model's step 1, then every model's step 2, ...
+            for i, (model, backend, dargs) in enumerate(models):
+                seconds[i] += await steps_of_one(model, backend, dargs, step)
+        decode = [await decode_speed(model, args.decode_requests, args.decode_tokens) for model, _, _ in models]
+        served_by = sorted({model.inference_base_url for model, _, _ in models})
+        processes = 1 + len(psutil.Process().children(recursive=True))
+        for _, backend, _ in models:
+            await backend.close()
+    finally:
+        server.terminate()
+        server.wait(60)
+    return {"setup_s": setup, "step_s": seconds, "decode": decode, "served_by": served_by, "processes": processes}
+
+
+async def steps_of_one(model: Any, backend: Any, dargs: argparse.Namespace, step: int) -> list[float]:
+    """Step ``step`` alone (the shared side interleaves the models' steps)."""
+    import demo
+
+    tasks = demo.make_tasks(dargs.seed, 400)
+    batch = SimpleNamespace(step=step, items=tasks[step * dargs.groups_per_step : (step + 1) * dargs.groups_per_step])
+    started = time.monotonic()
+    await demo.train_step(model, backend, batch, dargs)
+    return [time.monotonic() - started]
+
+
+async def separate_worker(args: argparse.Namespace, data: Path, index: int) -> dict[str, Any]:
+    import demo
+    import psutil
+
+    started = time.monotonic()
+    dargs = demo_args(index, str(data / "runs"))
+    backend = demo.make_backend(dargs)
+    model = demo.make_model(dargs, name=f"separate{index}")
+    await model.register(backend)
+    setup = time.monotonic() - started
+    try:
+        seconds = [s for step in range(args.steps) for s in await steps_of_one(model, backend, dargs, step)]
+        decode = await decode_speed(model, args.decode_requests, args.decode_tokens)
+        processes = 1 + len(psutil.Process().children(recursive=True))
+    finally:
+        await backend.close()
+    return {"setup_s": setup, "step_s": {index: seconds}, "decode": [decode], "served_by": [model.inference_base_url], "processes": processes}
+
+
+def worker(args: argparse.Namespace) -> None:
+    from tracerl.train.allocator import relaunch_with_jemalloc
+
+    relaunch_with_jemalloc()  # as the demo runs (both sides; the service inherits it)
+    with tempfile.TemporaryDirectory(prefix="tracerl-multitenant-") as tmp:
+        if args.worker == "shared":
+            result = asyncio.run(shared_worker(args, Path(tmp)))
+        else:
+            result = asyncio.run(separate_worker(args, Path(tmp), int(args.worker.split("-")[1])))
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- the orchestrator -------------------------------------------------------------------------
+def run_worker(args: argparse.Namespace, side: str) -> dict[str, Any]:
+    """One worker process, its whole tree's memory sampled until it exits."""
+    from ceiling import measure_ceiling
+    from serving_speed import TreeRSS
+
+    ceiling = measure_ceiling()
+    command = [sys.executable, os.path.abspath(__file__), "--worker", side, "--models", str(args.models), "--steps", str(args.steps),
+               "--decode-requests", str(args.decode_requests), "--decode-tokens", str(args.decode_tokens)]  # fmt: skip
+    print(f"running {side} ...", flush=True)
+    started = time.monotonic()
+    with tempfile.TemporaryFile(mode="w+") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+        with TreeRSS(process.pid, pss=True) as memory:
+            try:
+                process.wait(WORKER_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        log.seek(0)
+        output = log.read()
+    line = next((l for l in output.splitlines() if l.startswith("RESULT ")), None)
+    if process.returncode != 0 or line is None:
+        print(output[-6000:])
+        raise SystemExit(f"{side} worker failed (rc {process.returncode})")
+    result = json.loads(line[len("RESULT ") :])
+    result.update(side=side, wall_s=time.monotonic() - started, peak_pss_mb=memory.pss_peak / 2**20, peak_rss_mb=memory.peak / 2**20,
+                  ceiling_gflops=ceiling["matmul_gflops"])  # fmt: skip
+    print(f"  {side}: peak tree PSS {result['peak_pss_mb']:.0f} MB, {time.monotonic() - started:.0f} s", flush=True)
+    return result
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The two sides' rows: the separate workers summed (memory, set-up) or pooled (steps, decode)."""
+    rows = {}
+    for label, members in (("shared", [r for r in runs if r["side"] == "shared"]), ("separate", [r for r in runs if r["side"] != "shared"])):
+        steps = [s for r in members for seconds in r["step_s"].values() for s in seconds]
+        decode = [d["decode_tok_s"] for r in members for d in r["decode"]]
+        ceiling = statistics.median(r["ceiling_gflops"] for r in members)
+        rows[label] = {
+            "peak_pss_mb": sum(r["peak_pss_mb"] for r in members),
+            "peak_rss_mb": sum(r["peak_rss_mb"] for r in members),
+            "processes": sum(r["processes"] for r in members),
+            "servers": sum(len(r["served_by"]) for r in members),
+            "setup_s": sum(r["setup_s"] for r in members),
+            "step_s_median": statistics.median(steps),
+            "step_s_range": [min(steps), max(steps)],
+            "steps_per_hour": 3600 / statistics.median(steps),
+            "decode_tok_s": decode,
+            "decode_percent_of_ceiling": 100 * statistics.median(decode) * GFLOP_PER_TOKEN / ceiling,
+            "ceiling_gflops": ceiling,
+        }
+    return rows
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = result["summary"]
+    lines = [
+        "| side | peak PSS of the trees | RSS sum | processes | inference servers | set-up | step, median [range] | steps/hour | decode tok/s per model, median [range] | % of ceiling |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    n = result["settings"]["models"]
+    for label, name in (("shared", f"{n} models, one `tracerl serve --tinker`"), ("separate", f"{n} LocalBackends (sum)")):
+        r = rows[label]
+        decode = r["decode_tok_s"]
+        lines.append(
+            f"| {name} | {r['peak_pss_mb']:,.0f} MB | {r['peak_rss_mb']:,.0f} MB | {r['processes']} | {r['servers']} | {r['setup_s']:.0f} s "
+            f"| {r['step_s_median']:.0f} s [{r['step_s_range'][0]:.0f}–{r['step_s_range'][1]:.0f}] | {r['steps_per_hour']:.0f} "
+            f"| {statistics.median(decode):.1f} [{min(decode):.1f}–{max(decode):.1f}] | {r['decode_percent_of_ceiling']:.1f}% |"
+        )
+    shared, separate = rows["shared"], rows["separate"]
+    lines.append("")
+    lines.append(
+        f"Shared/separate: memory {shared['peak_pss_mb'] / separate['peak_pss_mb']:.2f}× (PSS), steps/hour "
+        f"{shared['steps_per_hour'] / separate['steps_per_hour']:.2f}×, decode per model "
+        f"{statistics.median(shared['decode_tok_s']) / statistics.median(separate['decode_tok_s']):.2f}×."
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", type=int, default=4)
+    p.add_argument("--steps", type=int, default=2, help="demo steps per model")
+    p.add_argument("--decode-requests", type=int, default=3)
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--json", default=None, help="write the raw results here (and read them with --table-only)")
+    p.add_argument("--table-only", action="store_true")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.table_only:
+        print(table(json.loads(Path(args.json).read_text())))
+        return
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    runs = [run_worker(args, "shared")] + [run_worker(args, f"separate-{i}") for i in range(args.models)]
+    result = {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "settings": vars(args) | {"json": None},
+              "runs": runs, "summary": summarize(runs)}  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()
