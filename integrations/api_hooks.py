@@ -153,20 +153,14 @@ def _begin(api: Api, endpoint: tuple[Any, Any], kwargs: dict[str, Any]) -> tuple
     return span, token, call, chat
 
 
-def _parsed(result: Any) -> Any:
-    """The answer behind a raw response (``with_raw_response``), else the result."""
-    if type(result).__name__ == "LegacyAPIResponse" and hasattr(result, "parse"):
-        return result.parse()
-    return result
-
-
 def _respond(api: Api, span: Any, result: Any, call: CallRecord, chat: dict[str, Any], is_async: bool) -> Any:
     """What the caller gets back: ``result``, or a recorder that ends the call's record as it streams."""
     if span is None:
         call.ended()
         return result
     try:
-        value = _parsed(result)
+        raw = type(result).__name__ == "LegacyAPIResponse" and hasattr(result, "parse")  # ``with_raw_response``
+        value = result.parse() if raw else result
         if not chat.get("stream"):
             finish_chat_span(span, api.completion(value, chat))
         elif value is not result:  # a raw streaming response: the request side only

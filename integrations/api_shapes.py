@@ -15,12 +15,13 @@ be read raises :class:`~tracerl.net.http_server.OpenAIError` for the hook to cou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tracerl.inference import messages_api, responses_api
 
 from .completions import extra_field, field
-from .messages import to_plain
+from .messages import openai_tool_call, to_plain
 from .spans import given
 
 _STORED = responses_api.ResponseStore()
@@ -56,6 +57,18 @@ def _with_tokens(completion: dict[str, Any], ids: Any, prompt_ids: Any, logprobs
     return completion
 
 
+def _chat(kwargs: dict[str, Any], messages: list[Any], keep: Callable[[Any], Any], convert: Callable[[Any], Any]) -> dict[str, Any]:
+    """Chat keyword arguments: ``messages``, the tools ``keep`` accepts (``convert``-ed to chat's), temperature, stream."""
+    chat: dict[str, Any] = {"model": kwargs.get("model"), "messages": messages}
+    tools = kwargs.get("tools")
+    if given(tools) and tools:
+        chat["tools"] = convert([to_plain(tool) for tool in tools if keep(tool)])
+    for key in ("temperature", "stream"):
+        if given(kwargs.get(key)):
+            chat[key] = kwargs[key]
+    return chat
+
+
 # -- OpenAI Responses ------------------------------------------------------------------------------------------
 def responses_request(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Chat keyword arguments for ``responses.create(**kwargs)``: the whole conversation it continues."""
@@ -72,15 +85,7 @@ def responses_request(kwargs: dict[str, Any]) -> dict[str, Any]:
     items = kwargs.get("input")
     if given(items):
         messages += responses_api.input_messages(items if isinstance(items, str) else [to_plain(item) for item in items])
-    chat: dict[str, Any] = {"model": kwargs.get("model"), "messages": messages}
-    tools = kwargs.get("tools")
-    if given(tools) and tools:
-        functions = [to_plain(tool) for tool in tools if field(tool, "type") == "function"]
-        chat["tools"] = responses_api.chat_tools(functions)[0]
-    for key in ("temperature", "stream"):
-        if given(kwargs.get(key)):
-            chat[key] = kwargs[key]
-    return chat
+    return _chat(kwargs, messages, lambda tool: field(tool, "type") == "function", lambda tools: responses_api.chat_tools(tools)[0])
 
 
 def responses_completion(response: Any, request: dict[str, Any]) -> dict[str, Any]:
@@ -91,8 +96,7 @@ def responses_completion(response: Any, request: dict[str, Any]) -> dict[str, An
         if kind == "message":
             texts += [field(part, "text") or "" for part in field(item, "content") or () if field(part, "type") == "output_text"]
         elif kind == "function_call":
-            function = {"name": field(item, "name"), "arguments": field(item, "arguments")}
-            calls.append({"id": field(item, "call_id"), "type": "function", "function": function})
+            calls.append(openai_tool_call(field(item, "call_id"), field(item, "name"), field(item, "arguments")))
     finish = "tool_calls" if calls else ("length" if field(response, "status") == "incomplete" else "stop")
     completion = _completion(response, texts, calls, finish)
     if completion["id"]:
@@ -110,15 +114,8 @@ def messages_request(kwargs: dict[str, Any]) -> dict[str, Any]:
                               "".join(field(block, "text") or "" for block in system)})  # fmt: skip
     for index, message in enumerate(kwargs.get("messages") or ()):
         chat_messages += messages_api.chat_messages(to_plain(message), f"messages[{index}]", _CALL_TEXTS)
-    chat: dict[str, Any] = {"model": kwargs.get("model"), "messages": chat_messages}
-    tools = kwargs.get("tools")
-    if given(tools) and tools:
-        client_tools = [to_plain(tool) for tool in tools if field(tool, "type") in (None, "custom") and field(tool, "name")]
-        chat["tools"] = messages_api.chat_tools(client_tools)
-    for key in ("temperature", "stream"):
-        if given(kwargs.get(key)):
-            chat[key] = kwargs[key]
-    return chat
+    client_tool = lambda tool: field(tool, "type") in (None, "custom") and field(tool, "name")
+    return _chat(kwargs, chat_messages, client_tool, messages_api.chat_tools)
 
 
 def messages_completion(message: Any) -> dict[str, Any]:
@@ -134,7 +131,7 @@ def messages_completion(message: Any) -> dict[str, Any]:
         elif kind == "tool_use":
             call_id, tool_input = field(block, "id"), to_plain(field(block, "input"))
             arguments = _CALL_TEXTS.arguments(str(call_id), tool_input)
-            calls.append({"id": call_id, "type": "function", "function": {"name": field(block, "name"), "arguments": arguments}})
+            calls.append(openai_tool_call(call_id, field(block, "name"), arguments))
     finish = {"tool_use": "tool_calls", "max_tokens": "length"}.get(str(field(message, "stop_reason")), "stop")
     return _completion(message, texts, calls, finish)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .messages import openai_tool_call
+
 
 def field(obj: Any, name: str) -> Any:
     """``obj.name`` or ``obj[name]``; None when absent or ``obj`` is None."""
@@ -23,10 +25,8 @@ def field(obj: Any, name: str) -> Any:
 def extra_field(obj: Any, name: str) -> Any:
     """A field a server added beyond the OpenAI schema: a pydantic model's extra (``model_extra``), a
     dict key or an attribute, else LiteLLM's ``provider_specific_fields``."""
-    if obj is None:
-        return None
-    if isinstance(obj, dict):
-        return obj.get(name)
+    if obj is None or isinstance(obj, dict):
+        return field(obj, name)
     value = (getattr(obj, "model_extra", None) or {}).get(name)
     if value is None:
         value = getattr(obj, name, None)
@@ -58,14 +58,7 @@ def message_dict(message: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"content": getattr(message, "content", None)}
     calls = getattr(message, "tool_calls", None)
     if calls:
-        out["tool_calls"] = [
-            {
-                "id": getattr(call, "id", None),
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": call.function.arguments},
-            }
-            for call in calls
-        ]
+        out["tool_calls"] = [openai_tool_call(getattr(c, "id", None), c.function.name, c.function.arguments) for c in calls]
     return out
 
 
@@ -103,12 +96,5 @@ def chat_outcome(completion: Any) -> ChatOutcome:
     messages = [{**message_dict(field(choice, "message")), "role": "assistant"} for choice in choices]
     finishes = [field(choice, "finish_reason") for choice in choices]
     usage = field(completion, "usage")
-    return ChatOutcome(
-        messages,
-        finishes,
-        field(completion, "id"),
-        field(completion, "model"),
-        field(usage, "prompt_tokens"),
-        field(usage, "completion_tokens"),
-        token_ids(completion, choices[0]) if choices else None,
-    )
+    return ChatOutcome(messages, finishes, field(completion, "id"), field(completion, "model"), field(usage, "prompt_tokens"),
+                       field(usage, "completion_tokens"), token_ids(completion, choices[0]) if choices else None)  # fmt: skip

@@ -73,44 +73,21 @@ class ToolRun:
 
 
 def new_model_call(
-    *,
-    span_id: int,
-    start: int,
-    end: int,
-    layer: str,
-    inputs: list[dict[str, Any]],
-    output: dict[str, Any],
-    finish_reason: Any = None,
-    model: str | None = None,
-    response_id: str | None = None,
-    usage: tuple[int, int] = (0, 0),
-    record: Any = None,
-    base: tuple[int, int] | None = None,
-    tools: list[dict[str, Any]] | None = None,
-    tool_definitions: str | None = None,
-    priority: int | None = None,
-) -> ModelCall:
+    *, span_id: int, start: int, end: int, layer: str, inputs: list[dict[str, Any]], output: dict[str, Any],
+    finish_reason: Any = None, model: str | None = None, response_id: str | None = None, usage: tuple[int, int] = (0, 0),
+    record: Any = None, base: tuple[int, int] | None = None, tools: list[dict[str, Any]] | None = None,
+    tool_definitions: str | None = None, priority: int | None = None,
+) -> ModelCall:  # fmt: skip
     """The one builder of a :class:`ModelCall`, from a hook's values (``spans.end_chat_span``) or
     a span another instrumentor wrote (:func:`_model_call`): messages in OpenAI shape."""
     output["role"] = "assistant"
     return ModelCall(
-        span_id=span_id,
-        start=start,
-        end=end or start,
-        layer=layer,
+        span_id=span_id, start=start, end=end or start, layer=layer, inputs=inputs, output=output,
         priority=LAYER_PRIORITY.get(layer, GENAI_PRIORITY) if priority is None else priority,
-        inputs=inputs,
-        output=output,
-        finish_reason=finish_reason,
-        tools=tools,
-        model=model or None,
-        response_id=response_id or None,
-        usage=usage,
-        record=record,
-        keys=[canonical(m) for m in inputs],
+        finish_reason=finish_reason, tools=tools, model=model or None, response_id=response_id or None, usage=usage,
+        record=record, keys=[canonical(m) for m in inputs], tool_definitions=tool_definitions,
         base=(int(base[0]), int(base[1])) if base is not None else None,
-        tool_definitions=tool_definitions,
-    )
+    )  # fmt: skip
 
 
 def spans_to_trajectory(
@@ -156,16 +133,11 @@ def spans_to_trajectory(
     chains = _chains(unique)
     tools.sort(key=lambda t: t.start)
 
-    histories = [_history(chain, tools) for chain in chains]
-    main_index = max(range(len(chains)), key=lambda i: chains[i][-1].end) if chains else None
-    if main_index is None:
-        main = History(messages_and_choices=[], tools=mcp_tools)
-        others: list[History] = []
-    else:
-        main = histories[main_index]
-        others = [h for i, h in enumerate(histories) if i != main_index]
-        if main.tools is None and mcp_tools:
-            main.tools = mcp_tools
+    others = [_history(chain, tools) for chain in chains]  # all but the main one, once it is taken out
+    main_index = max(range(len(chains)), key=lambda i: chains[i][-1].end, default=None)
+    main = History(messages_and_choices=[], tools=mcp_tools) if main_index is None else others.pop(main_index)
+    if main.tools is None and mcp_tools:
+        main.tools = mcp_tools
     with_ids = sum(1 for c in unique if c.record is not None and c.record.token_ids is not None)
     trajectory = Trajectory(
         messages_and_choices=main.messages_and_choices,
@@ -210,8 +182,7 @@ def _model_call(
     the same list with every call; each history's ``tools`` is still a list of its own)."""
     operation = attributes.get(sc.OPERATION_NAME)
     if operation in sc.LLM_OPERATIONS and sc.OUTPUT_MESSAGES in attributes:
-        layer = attributes.get(sc.LAYER) or "genai"
-        priority = LAYER_PRIORITY.get(layer, GENAI_PRIORITY)
+        layer, priority = attributes.get(sc.LAYER) or "genai", None  # None: by layer, in new_model_call
         inputs = [from_semconv(m) for m in attribute_value(attributes.get(sc.INPUT_MESSAGES), [])]
         outputs = attribute_value(attributes[sc.OUTPUT_MESSAGES], [])
         if not outputs:
@@ -295,11 +266,9 @@ def _tool_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _openinference_tools(attributes: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    tools = []
-    index = 0
-    while f"{sc.OI_TOOLS}.{index}.tool.json_schema" in attributes:
-        tools.append(_tool_schema(json.loads(attributes[f"{sc.OI_TOOLS}.{index}.tool.json_schema"])))
-        index += 1
+    tools: list[dict[str, Any]] = []
+    while (key := f"{sc.OI_TOOLS}.{len(tools)}.tool.json_schema") in attributes:
+        tools.append(_tool_schema(json.loads(attributes[key])))
     return tools or None
 
 
@@ -328,11 +297,7 @@ def _find_response_metadata_id(data: Any, depth: int) -> str | None:
         values = data
     else:
         return None
-    for value in values:
-        found = _find_response_metadata_id(value, depth + 1)
-        if found:
-            return found
-    return None
+    return next(filter(None, (_find_response_metadata_id(value, depth + 1) for value in values)), None)
 
 
 # -- dedupe, join, chains ---------------------------------------------------------------------

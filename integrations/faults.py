@@ -43,17 +43,9 @@ MCP_TIMEOUT_CODES = (-32001, 408)
 """``mcp`` 2.x answers a read timeout with -32001 (REQUEST_TIMEOUT), 1.x with HTTP's 408."""
 
 _TIMEOUT_CLASSES = {"httpx.TimeoutException", "requests.Timeout", "aiohttp.ServerTimeoutError"}
-_CONNECTION_CLASSES = {
-    "openai.APIConnectionError",
-    "httpx.TransportError",
-    "httpcore.NetworkError",
-    "httpcore.RemoteProtocolError",
-    "anyio.ClosedResourceError",
-    "anyio.BrokenResourceError",
-    "anyio.EndOfStream",
-    "requests.ConnectionError",
-    "aiohttp.ClientConnectionError",
-}
+_CONNECTION_CLASSES = {"openai.APIConnectionError", "httpx.TransportError", "httpcore.NetworkError", "httpcore.RemoteProtocolError",
+                       "anyio.ClosedResourceError", "anyio.BrokenResourceError", "anyio.EndOfStream", "requests.ConnectionError",
+                       "aiohttp.ClientConnectionError"}  # fmt: skip
 
 
 def class_names(error: BaseException) -> set[str]:

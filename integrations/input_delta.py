@@ -79,17 +79,13 @@ def _common_prefix(snapshot: list[Any], messages: list[Any]) -> int:
 
 def delta_attributes(base: tuple[int, int] | None) -> dict[str, Any]:
     """The attributes that mark a span's input as a delta of ``base`` = (span id, prefix length)."""
-    if base is None:
-        return {}
-    return {sc.INPUT_BASE_SPAN_ID: f"{base[0]:016x}", sc.INPUT_PREFIX_LENGTH: int(base[1])}
+    return {} if base is None else {sc.INPUT_BASE_SPAN_ID: f"{base[0]:016x}", sc.INPUT_PREFIX_LENGTH: int(base[1])}
 
 
 def base_of(attributes: Any) -> tuple[int, int] | None:
     """(base span id, prefix length) of a delta span, else None."""
     base = attributes.get(sc.INPUT_BASE_SPAN_ID)
-    if base is None:
-        return None
-    return int(base, 16), int(attributes.get(sc.INPUT_PREFIX_LENGTH) or 0)
+    return None if base is None else (int(base, 16), int(attributes.get(sc.INPUT_PREFIX_LENGTH) or 0))
 
 
 class InputExpander:

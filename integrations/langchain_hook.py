@@ -27,8 +27,9 @@ from . import faults, layers
 from . import langchain_runs as runs
 from . import semconv as sc
 from .health import guard
+from .model_calls import end_span_with_error
 from .processor import get_tracer
-from .spans import ChatAnswer, json_text, end_chat_span, end_with_error, start_chat_span
+from .spans import ChatAnswer, end_chat_span, json_text, start_chat_span
 
 _handler_var: ContextVar[Any] = ContextVar("tracerl_langchain_handler", default=None)
 _state: dict[str, Any] = {}
@@ -148,7 +149,7 @@ def _make_handler_class() -> type:
         def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
             span = self._runs.close(run_id)
             layers.langchain_run_ended(run_id, span)
-            _end_with_error(span, error)
+            end_span_with_error(span, error, "langchain_error")
             faults.note_failure("model", "a LangChain chat model", error)  # e.g. a provider without our SDK hook
 
         # -- tools -----------------------------------------------------------------------------------
@@ -161,12 +162,8 @@ def _make_handler_class() -> type:
             with guard("langchain_tool_start"):
                 name = (serialized or {}).get("name") or kwargs.get("name") or "tool"
                 inputs = kwargs.get("inputs")
-                attributes = {
-                    sc.OPERATION_NAME: sc.OP_EXECUTE_TOOL,
-                    sc.LAYER: "langchain",
-                    sc.TOOL_NAME: str(name),
-                    sc.TOOL_CALL_ARGUMENTS: json_text(inputs) if inputs is not None else str(input_str),
-                }
+                attributes = {sc.OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.LAYER: "langchain", sc.TOOL_NAME: str(name),
+                              sc.TOOL_CALL_ARGUMENTS: json_text(inputs) if inputs is not None else str(input_str)}  # fmt: skip
                 if kwargs.get("tool_call_id"):
                     attributes[sc.TOOL_CALL_ID] = str(kwargs["tool_call_id"])
                 context = trace.set_span_in_context(parent) if (parent := self._runs.parent(parent_run_id)) else None
@@ -189,17 +186,10 @@ def _make_handler_class() -> type:
                 span.end()
 
         def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-            _end_with_error(self._runs.close(run_id), error)
+            end_span_with_error(self._runs.close(run_id), error, "langchain_error")
             faults.note_failure("tool", "of a LangChain tool", error)  # ToolNode may turn it into a message
 
     return TracerlCallbackHandler
-
-
-def _end_with_error(span: Any, error: BaseException) -> None:
-    if span is None:
-        return
-    with guard("langchain_error"):
-        end_with_error(span, error)
 
 
 def instrument() -> bool:

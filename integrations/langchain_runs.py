@@ -162,24 +162,19 @@ class RunSpans:
         run = self._runs.get(parent_run_id) if parent_run_id is not None else None
         return run.scope if run is not None else None
 
-    def enter_parent(self, parent_run_id: UUID | None) -> Any:
-        """Make the parent run's span current, to start a child span under it; returns the
-        token for :func:`leave_parent` (``None`` when it already is, or is not one of ours).
-
-        (A pair of calls rather than a context manager: this runs for every LangChain run.)
-        """
-        parent = self.parent(parent_run_id)
-        if parent is None or trace.get_current_span() is parent:
-            return None
-        return otel_context.attach(trace.set_span_in_context(parent))
-
     def start(self, run_id: UUID, parent_run_id: UUID | None, make: Callable[[], Any]) -> Any:
-        """Start a run's span (``make()``) under its parent run's, keep it, make it current."""
-        token = self.enter_parent(parent_run_id)
+        """Start a run's span (``make()``) under its parent run's, keep it, make it current.
+
+        The parent run's span is made current only for ``make()`` (unless it is already, or the
+        parent is not one of ours): no context manager, as this runs for every LangChain run."""
+        parent = self.parent(parent_run_id)
+        enter = parent is not None and trace.get_current_span() is not parent
+        token = otel_context.attach(trace.set_span_in_context(parent)) if enter else None
         try:
             span = make()
         finally:
-            leave_parent(token)
+            if token is not None:
+                otel_context.detach(token)
         self.open(run_id, span, parent_run_id)
         return span
 
@@ -212,11 +207,6 @@ class RunSpans:
 
     def __len__(self) -> int:
         return len(self._runs)
-
-
-def leave_parent(token: Any) -> None:
-    if token is not None:
-        otel_context.detach(token)
 
 
 def _quiet(record: logging.LogRecord) -> bool:

@@ -137,9 +137,8 @@ def on_start(span: Any, parent_context: Any) -> None:
 def note_end(span: Any) -> None:
     """Processor ``on_end``: a model call known only now makes its (still open) parent an outer layer."""
     try:
-        if not is_model_call_attributes(getattr(span, "attributes", None)):
-            return
-        note_model_call_end(span.context.span_id, span.parent)
+        if is_model_call_attributes(getattr(span, "attributes", None)):
+            note_model_call_end(span.context.span_id, span.parent)
     except Exception as error:  # noqa: BLE001 - never raise into whoever ends the span
         record_error("layers_end", error)
 

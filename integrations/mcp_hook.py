@@ -1,8 +1,7 @@
 """Hook for the MCP client: ``mcp.ClientSession.call_tool`` and ``list_tools``.
 
-Any transport (stdio, streamable HTTP) goes through ``ClientSession``, so one patch
-covers them (both are tested against real servers: ``tests/test_capture_mcp.py``,
-``tests/test_capture_mcp_http.py``).  Spans are started in the calling task's context,
+Any transport (stdio, streamable HTTP) goes through ``ClientSession``, so one patch covers
+them (both tested against real servers).  Spans are started in the calling task's context,
 so a session shared by concurrent rollouts still puts each call in its own rollout.  A tool call
 becomes an ``execute_tool``-operation span named ``tools/call {name}`` with the MCP
 method, tool name, arguments, result text and error; ``tools/list`` records the tools
@@ -100,11 +99,8 @@ def _wrap_call_tool(original: Any) -> Any:
     async def call_tool(self: Any, name: str, arguments: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         attributes: dict[str, Any] = {}
         with guard("mcp_call_tool_request"):
-            attributes = {
-                sc.OPERATION_NAME: sc.OP_EXECUTE_TOOL,
-                sc.TOOL_NAME: str(name),
-                sc.TOOL_CALL_ARGUMENTS: json.dumps(arguments or {}, default=str),
-            }
+            attributes = {sc.OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.TOOL_NAME: str(name),
+                          sc.TOOL_CALL_ARGUMENTS: json.dumps(arguments or {}, default=str)}  # fmt: skip
         span, token = _start(f"tools/call {name}", "tools/call", attributes)
         key = lambda: faults.call_key("mcp", id(self), str(name), arguments)  # noqa: E731
         try:
@@ -141,15 +137,8 @@ def _wrap_list_tools(original: Any) -> Any:
         faults.note_success("mcp", key)
         if span is not None:
             with guard("mcp_list_tools_result"):
-                tools = [
-                    {
-                        "type": "function",
-                        "name": tool.name,
-                        "description": tool.description or "",
-                        "parameters": mcp_field(tool, "input_schema", "inputSchema"),
-                    }
-                    for tool in result.tools
-                ]
+                tools = [{"type": "function", "name": tool.name, "description": tool.description or "",
+                          "parameters": mcp_field(tool, "input_schema", "inputSchema")} for tool in result.tools]  # fmt: skip
                 span.set_attribute(sc.MCP_TOOLS, json.dumps(tools, default=str))
         _end(span, token)
         return result

@@ -25,6 +25,11 @@ def to_plain(value: Any) -> Any:
     return value
 
 
+def openai_tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    """One tool call of an assistant message, OpenAI-style."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def to_semconv(message: Any) -> dict[str, Any]:
     """One OpenAI-format message (dict or SDK object) to a semconv message."""
     message = to_plain(message)
@@ -70,9 +75,7 @@ def from_semconv(message: Mapping[str, Any]) -> dict[str, Any]:
             arguments = part.get("arguments")
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments if arguments is not None else {})
-            calls.append(
-                {"id": part.get("id"), "type": "function", "function": {"name": part.get("name"), "arguments": arguments}}
-            )
+            calls.append(openai_tool_call(part.get("id"), part.get("name"), arguments))
         elif kind == "tool_call_response":
             response = part.get("response")
             out["tool_call_id"] = part.get("id")

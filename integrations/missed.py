@@ -33,8 +33,8 @@ _lock = threading.Lock()
 _warned: set[str] = set()
 
 HOOKED_CLIENTS = (
-    "the OpenAI SDK's chat.completions.create, litellm.completion/acompletion, LangChain chat models "
-    "(ChatOpenAI, init_chat_model...), the MCP client"
+    "the OpenAI SDK's chat.completions / completions / responses, the Anthropic SDK's messages, litellm, LangChain "
+    "chat models (ChatOpenAI, init_chat_model...), the MCP client; any other client through the rollout's gateway"
 )
 
 
@@ -116,12 +116,8 @@ def _no_capture_message(kind: str, count: int, urls: list[str]) -> str:
             "Call the model through one of them, or build the turns yourself with tracerl.Choice.from_openai"
         )
     unserved = [u for u in urls if not is_tracerl_url(u)]
-    tail = (
-        f" Also, {_urls(unserved)} is not served by tracerl, so captured turns would carry no sampled token ids."
-        if unserved
-        else ""
-    )
-    return f"{head} Likely cause: {cause}.{tail}"
+    tail = f" Also, {_urls(unserved)} is not served by tracerl, so captured turns would carry no sampled token ids."
+    return f"{head} Likely cause: {cause}.{tail if unserved else ''}"
 
 
 def _thread_message(urls: list[str]) -> str:

@@ -69,7 +69,7 @@ def detach_context(token: Any) -> None:
             record_error("openai_detach", error)
 
 
-def end_span_with_error(span: Any, error: BaseException) -> None:
+def end_span_with_error(span: Any, error: BaseException, where: str = "openai_error") -> None:
     if span is not None:
-        with guard("openai_error"):
+        with guard(where):
             end_with_error(span, error)

@@ -6,9 +6,8 @@ made current during the call so lower layers nest under it); streams are re-asse
 consumed.  When the client points at a tracerl-served endpoint the chat request asks for
 ``return_token_ids`` and ``logprobs``.  Capture failures never reach the caller.
 
-A failed call (refused or dropped connection, timeout, 5xx) inside a rollout is noted as an
-infrastructure failure (:mod:`.faults`), so the rollout raises even when the agent swallows the
-error; a retry of the same request that succeeds forgives it.
+A failed call (refused or dropped connection, timeout, 5xx) inside a rollout is an infrastructure
+failure (:mod:`.faults`): the rollout raises even when the agent swallows the error.
 """
 
 from __future__ import annotations

@@ -139,7 +139,6 @@ class Rollout:
         return {ROLLOUT_HEADER: self._opened_gateway()[0]}
 
     def _opened_gateway(self) -> tuple[str, str]:
-        """(token, base URL) of this rollout's gateway, opened on first use."""
         if self._gateway is None:
             if self._span is None:
                 raise RuntimeError("open the rollout (async with / with) before asking for its gateway")
@@ -447,8 +446,7 @@ def _note_model_endpoint(model: Any) -> None:
 
 
 def _short(value: Any, limit: int = 500) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return text[:limit]
+    return (value if isinstance(value, str) else repr(value))[:limit]
 
 
 def _jsonable(value: Any) -> Any:

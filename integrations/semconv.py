@@ -12,7 +12,6 @@ OPERATION_NAME = "gen_ai.operation.name"
 PROVIDER_NAME = "gen_ai.provider.name"
 REQUEST_MODEL = "gen_ai.request.model"
 REQUEST_TEMPERATURE = "gen_ai.request.temperature"
-REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 RESPONSE_ID = "gen_ai.response.id"
 RESPONSE_MODEL = "gen_ai.response.model"
 RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
@@ -36,7 +35,6 @@ LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 
 # -- MCP semantic conventions --------------------------------------------------------
 MCP_METHOD_NAME = "mcp.method.name"
-MCP_SESSION_ID = "mcp.session.id"
 
 # -- tracerl's own ---------------------------------------------------------------------
 ROLLOUT_ID = "tracerl.rollout.id"

@@ -176,11 +176,7 @@ def _attributes(span: ModelCallSpan) -> dict[str, Any]:
     answer: ChatAnswer | None = getattr(span, "answer", None)
     if answer is None:
         return attributes
-    outputs = []
-    for message, finish in zip(answer.messages, answer.finishes):
-        output = to_semconv(message)
-        output["finish_reason"] = finish
-        outputs.append(output)
+    outputs = [{**to_semconv(message), "finish_reason": finish} for message, finish in zip(answer.messages, answer.finishes)]
     attributes[sc.OUTPUT_MESSAGES] = json_text(outputs)
     if answer.response_id:
         attributes[sc.RESPONSE_ID] = str(answer.response_id)

@@ -9,6 +9,7 @@ from opentelemetry import trace
 
 from .health import guard
 from .completions import extra_field, field, ints, logprob_values
+from .messages import openai_tool_call
 from .spans import ChatAnswer, end_chat_span
 
 
@@ -67,26 +68,18 @@ class ChunkAccumulator:
         for index in sorted(self.choices):
             state = self.choices[index]
             message: dict[str, Any] = {"role": "assistant", "content": "".join(state["content"]) or None}
-            calls = [
-                {
-                    "id": slot["id"],
-                    "type": "function",
-                    "function": {"name": "".join(slot["name"]), "arguments": "".join(slot["arguments"])},
-                }
-                for _, slot in sorted(state["calls"].items())
-            ]
+            calls = [openai_tool_call(slot["id"], "".join(slot["name"]), "".join(slot["arguments"]))
+                     for _, slot in sorted(state["calls"].items())]  # fmt: skip
             if calls:
                 message["tool_calls"] = calls
             elif message["content"] is None:
                 message["content"] = ""
             messages.append(message)
             finishes.append(state["finish_reason"])
-        tokens = None
-        if self.token_ids is not None or self.prompt_token_ids is not None or self.logprobs is not None:
-            tokens = (self.prompt_token_ids, self.token_ids, self.logprobs)
+        tokens = (self.prompt_token_ids, self.token_ids, self.logprobs)
         answer = ChatAnswer(messages, finishes, self.response_id, self.model,
                             field(self.usage, "prompt_tokens"), field(self.usage, "completion_tokens"))  # fmt: skip
-        end_chat_span(span, answer, tokens=tokens)
+        end_chat_span(span, answer, tokens=tokens if any(part is not None for part in tokens) else None)
 
 
 class _Recorder:

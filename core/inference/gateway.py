@@ -72,33 +72,25 @@ class Gateway:
             raise _unknown(token)
         return {"calls": state.calls, "dropped_calls": state.dropped}
 
-    def admit(self) -> str | None:
-        """The current request's token, checked open (404 otherwise); None for a request without one."""
-        token = _current.get()
-        if token is not None and token not in self._open:
-            raise _unknown(token)
-        return token
-
-    def record(self, token: str, request: dict[str, Any], completion: dict[str, Any], start_ns: int) -> None:
-        with self._lock:
-            state = self._open.get(token)
-            if state is None:
-                return  # closed while the call ran: the rollout has ended, the call is not its
-            if len(state.calls) >= self.max_calls:
-                state.dropped += 1
-                return
-            state.calls.append({"request": request, "completion": completion, "start_ns": start_ns, "end_ns": time.time_ns()})
-
     def wrap(self, complete: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
-        """``complete`` (a chat request body -> its completion) that admits and records gateway calls."""
+        """``complete`` (a chat request body -> its completion) that admits and records gateway calls: a
+        request with a token that is not open gets a 404; past ``max_calls`` a call is counted, not kept."""
 
         async def gated(body: dict[str, Any]) -> dict[str, Any]:
-            token = self.admit()
+            token = _current.get()
             if token is None:
                 return await complete(body)
+            if token not in self._open:
+                raise _unknown(token)
             request, start = dict(body), time.time_ns()  # as sent: ``complete`` may rewrite the body
             completion = await complete(body)
-            self.record(token, request, completion, start)
+            call = {"request": request, "completion": completion, "start_ns": start, "end_ns": time.time_ns()}
+            with self._lock:
+                state = self._open.get(token)  # None: closed while the call ran (the rollout ended, the call is not its)
+                if state is not None and len(state.calls) >= self.max_calls:
+                    state.dropped += 1
+                elif state is not None:
+                    state.calls.append(call)
             return completion
 
         return gated
@@ -111,7 +103,7 @@ def _unknown(token: str) -> OpenAIError:
 
 class GatewayMiddleware:
     """ASGI: ``/rollouts/{token}/v1/...`` is ``/v1/...`` with the token; the token (from the path or
-    ``X-Tracerl-Rollout``) is the current request's (checked by :meth:`Gateway.admit`, after auth)."""
+    ``X-Tracerl-Rollout``) is the current request's (checked by :meth:`Gateway.wrap`'s calls, after auth)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app

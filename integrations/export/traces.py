@@ -62,8 +62,7 @@ def for_trajectory(trajectory: Trajectory) -> TraceInfo | None:
     """The registered fields of a trajectory's trace, else what its metadata tells (another process)."""
     if not trajectory.trace_id:
         return None
-    trace_id = int(trajectory.trace_id, 16)
-    known = lookup(trace_id)
+    known = lookup(int(trajectory.trace_id, 16))
     if known is not None:
         return known
     meta = trajectory.metadata
