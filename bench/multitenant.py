@@ -16,7 +16,7 @@ LoRA r16, 2 groups x 8 rollouts per step, lr 1e-4); model ``i`` uses the demo's 
 Per side: peak memory of the whole process tree (the worker and every descendant, sampled every
 0.2 s; PSS, which splits shared pages, and the RSS sum, which counts them once per process),
 set-up (servers started, models registered), step time (rollouts + train + the new weights
-served), steps per hour (3600 / the median step), and decode speed per model: after training,
+served; of it, ``backend.train``'s), steps per hour (3600 / the median step), and decode speed per model: after training,
 ``--decode-requests`` requests of ``--decode-tokens`` tokens (T=1, one at a time, a short prompt)
 to each model's newest weights through its OpenAI endpoint, median tokens/s; % of the matmul
 ceiling at 2·P FLOPs per token (``bench/ceiling.py``, measured before each worker).
@@ -119,10 +119,10 @@ async def shared_worker(args: argparse.Namespace, data: Path) -> dict[str, Any]:
             await model.register(backend)
             models.append((model, backend, dargs))
         setup = time.monotonic() - started
-        seconds: dict[int, list[float]] = {i: [] for i in range(args.models)}
+        seconds: dict[int, list[tuple[float, float]]] = {i: [] for i in range(args.models)}
         for step in range(args.steps):  # in turn: every model's step 1, then every model's step 2, ...
             for i, (model, backend, dargs) in enumerate(models):
-                seconds[i] += await steps_of_one(model, backend, dargs, step)
+                seconds[i].append(await one_step(model, backend, dargs, step))
         decode = [await decode_speed(model, args.decode_requests, args.decode_tokens) for model, _, _ in models]
         served_by = sorted({model.inference_base_url for model, _, _ in models})
         processes = 1 + len(psutil.Process().children(recursive=True))
@@ -134,15 +134,17 @@ async def shared_worker(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     return {"setup_s": setup, "step_s": seconds, "decode": decode, "served_by": served_by, "processes": processes}
 
 
-async def steps_of_one(model: Any, backend: Any, dargs: argparse.Namespace, step: int) -> list[float]:
-    """Step ``step`` alone (the shared side interleaves the models' steps)."""
+async def one_step(model: Any, backend: Any, dargs: argparse.Namespace, step: int) -> tuple[float, float]:
+    """Demo step ``step`` of one model (its seed's tasks): the step's wall seconds, and those of
+    ``backend.train`` (train, save, the new weights served: the rest is rollouts)."""
     import demo
 
     tasks = demo.make_tasks(dargs.seed, 400)
     batch = SimpleNamespace(step=step, items=tasks[step * dargs.groups_per_step : (step + 1) * dargs.groups_per_step])
     started = time.monotonic()
-    await demo.train_step(model, backend, batch, dargs)
-    return [time.monotonic() - started]
+    _, result = await demo.train_step(model, backend, batch, dargs)
+    train = sum(result.metrics.get(key, 0.0) for key in ("train_seconds", "save_seconds", "hot_load_seconds"))
+    return time.monotonic() - started, train
 
 
 async def separate_worker(args: argparse.Namespace, data: Path, index: int) -> dict[str, Any]:
@@ -156,7 +158,7 @@ async def separate_worker(args: argparse.Namespace, data: Path, index: int) -> d
     await model.register(backend)
     setup = time.monotonic() - started
     try:
-        seconds = [s for step in range(args.steps) for s in await steps_of_one(model, backend, dargs, step)]
+        seconds = [await one_step(model, backend, dargs, step) for step in range(args.steps)]
         decode = await decode_speed(model, args.decode_requests, args.decode_tokens)
         processes = 1 + len(psutil.Process().children(recursive=True))
     finally:
@@ -212,7 +214,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The two sides' rows: the separate workers summed (memory, set-up) or pooled (steps, decode)."""
     rows = {}
     for label, members in (("shared", [r for r in runs if r["side"] == "shared"]), ("separate", [r for r in runs if r["side"] != "shared"])):
-        steps = [s for r in members for seconds in r["step_s"].values() for s in seconds]
+        steps = [s for r in members for seconds in r["step_s"].values() for s, _ in seconds]
+        train = [t for r in members for seconds in r["step_s"].values() for _, t in seconds]
         decode = [d["decode_tok_s"] for r in members for d in r["decode"]]
         ceiling = statistics.median(r["ceiling_gflops"] for r in members)
         rows[label] = {
@@ -223,6 +226,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "setup_s": sum(r["setup_s"] for r in members),
             "step_s_median": statistics.median(steps),
             "step_s_range": [min(steps), max(steps)],
+            "train_s_median": statistics.median(train),
             "steps_per_hour": 3600 / statistics.median(steps),
             "decode_tok_s": decode,
             "decode_percent_of_ceiling": 100 * statistics.median(decode) * GFLOP_PER_TOKEN / ceiling,
@@ -234,8 +238,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def table(result: dict[str, Any]) -> str:
     rows = result["summary"]
     lines = [
-        "| side | peak PSS of the trees | RSS sum | processes | inference servers | set-up | step, median [range] | steps/hour | decode tok/s per model, median [range] | % of ceiling |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| side | peak PSS | RSS sum | processes | servers | set-up | step [range] | in `train` | steps/h | decode tok/s per model [range] | % ceiling |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     n = result["settings"]["models"]
     for label, name in (("shared", f"{n} models, one `tracerl serve --tinker`"), ("separate", f"{n} LocalBackends (sum)")):
@@ -243,7 +247,7 @@ def table(result: dict[str, Any]) -> str:
         decode = r["decode_tok_s"]
         lines.append(
             f"| {name} | {r['peak_pss_mb']:,.0f} MB | {r['peak_rss_mb']:,.0f} MB | {r['processes']} | {r['servers']} | {r['setup_s']:.0f} s "
-            f"| {r['step_s_median']:.0f} s [{r['step_s_range'][0]:.0f}–{r['step_s_range'][1]:.0f}] | {r['steps_per_hour']:.0f} "
+            f"| {r['step_s_median']:.0f} s [{r['step_s_range'][0]:.0f}–{r['step_s_range'][1]:.0f}] | {r['train_s_median']:.0f} s | {r['steps_per_hour']:.0f} "
             f"| {statistics.median(decode):.1f} [{min(decode):.1f}–{max(decode):.1f}] | {r['decode_percent_of_ceiling']:.1f}% |"
         )
     shared, separate = rows["shared"], rows["separate"]
