@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Iterable, Sequence, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_serializer, field_validator
 
 from .errors import TrajectoryError
 from .redact import redact_text
@@ -192,9 +192,18 @@ class History(_Checked):
     def _coerce(cls, value: Any) -> list[MessageOrChoice]:
         return [_coerce_item(item) for item in value]
 
+    @field_serializer("messages_and_choices", mode="wrap")
+    def _dump_coerced(self, items: list[Any], handler: Any) -> Any:
+        return handler(self.checked_items())  # stored as a Choice, so it is read back as one
+
+    def checked_items(self) -> list[MessageOrChoice]:
+        """``messages_and_choices`` checked: an OpenAI SDK ``Choice`` appended as it came (ART's
+        idiom; ``append`` skips validation) is read as the :class:`Choice` it stands for."""
+        return [item if isinstance(item, (dict, Choice)) else _coerce_item(item) for item in self.messages_and_choices]
+
     def messages(self) -> list[Message]:
         """The conversation as plain message dicts (sampled choices rendered back)."""
-        return [item.message if isinstance(item, Choice) else item for item in self.messages_and_choices]
+        return [item.message if isinstance(item, Choice) else item for item in self.checked_items()]
 
 
 class Trajectory(History):

@@ -192,6 +192,26 @@ _trajectory = st.builds(
 )  # fmt: skip
 
 
+def test_an_sdk_choice_appended_as_it_came_is_a_sampled_turn_everywhere(tmp_path):
+    """ART's idiom: ``trajectory.messages_and_choices.append(completion.choices[0])`` skips validation."""
+    from openai.types.chat import ChatCompletion
+
+    completion = ChatCompletion.model_validate({
+        "id": "r1", "object": "chat.completion", "created": 0, "model": "m@2", "prompt_token_ids": [1, 2],
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "5"}, "token_ids": [33, 2],
+                     "logprobs": {"content": [{"token": t, "logprob": -0.5, "bytes": None, "top_logprobs": []} for t in "5."]}}],
+    })  # fmt: skip
+    trajectory = tracerl.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=1)
+    trajectory.messages_and_choices.append(completion.choices[0])
+    assert trajectory.messages() == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "5"}]
+    [turn] = trajectory.sampled_turns()
+    assert turn.token_ids == [33, 2] and turn.logprobs == [-0.5, -0.5]
+    model = tracerl.Model("art", "p", base_path=tmp_path)
+    asyncio.run(model.log([tracerl.TrajectoryGroup([trajectory])], split="train", step=1))
+    [row] = [json.loads(line) for line in model.run_dir.trajectories_path("train", 1).read_text().splitlines()]
+    assert tracerl.Trajectory.from_json_dict(row).sampled_turns() == [turn]
+
+
 @settings(max_examples=60, deadline=None)
 @given(_trajectory)
 def test_from_json_dict_inverts_to_json_dict(trajectory):
