@@ -15,7 +15,7 @@ BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-ts install-vllm install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-tinker test docs chaos chaos-pipelined bench bench-pipeline bench-multitenant clean
+.PHONY: install install-ts install-vllm install-gguf-converter install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +33,13 @@ install: $(STAMP)
 # installed here, the demo falls back to the transformers server and the vLLM tests skip.
 install-vllm: $(STAMP)
 	-test -e $(VLLM_STAMP) || $(BIN)/python -m tracerl.inference.vllm_server install
+
+# llama.cpp's HF -> GGUF converter for `tracerl export` (tracerl.train.export): its convert_hf_to_gguf.py and
+# gguf-py, unpacked once into ~/.cache/tracerl/gguf-converter/ from the pinned llama-cpp-python sdist on PyPI
+# (~75 MB download, ~40 s; nothing is copied into the repository). Best effort, like vLLM: without it,
+# `tracerl export --format hf` still works, a GGUF export says to run this, and the GGUF test skips.
+install-gguf-converter: $(STAMP)
+	-$(BIN)/python -m tracerl.train.export install-converter >/dev/null
 
 # Arize Phoenix, a real trace server the tests export to (~600 MB, ~1 min): for `make test`, not `make install`.
 $(PHOENIX_STAMP): $(STAMP)
@@ -108,11 +115,11 @@ demo: install-vllm install-jemalloc
 	$(BIN)/python examples/demo.py
 
 # the demo through tracerl.TinkerBackend and a `tracerl serve --tinker` it starts on loopback
-# (docs/serverless.md; ~30 min on 2 cores); its run lives under .tracerl/tinker, apart from `make demo`'s
+# (docs/serverless.md; ~20 min on 2 cores); its run lives under .tracerl/tinker, apart from `make demo`'s
 demo-tinker: install install-jemalloc
-	$(BIN)/python examples/demo.py --backend tinker --data .tracerl/tinker
+	$(BIN)/python examples/demo.py --backend tinker --data .tracerl/tinker --max-minutes 40
 
-test: install-vllm install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs install-ts
+test: install-vllm install-gguf-converter install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs install-ts
 	$(BIN)/python -m pytest -q tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
@@ -128,6 +135,17 @@ bench-pipeline: $(STAMP)
 # 4 models on one tracerl serve --tinker vs 4 LocalBackends: memory, steps/hour, decode speed (~25 min)
 bench-multitenant: $(STAMP)
 	$(BIN)/python bench/multitenant.py --json bench/multitenant.json
+
+# the gallery's games (examples/tictactoe.py, examples/game_2048.py), seeds 0 and 1 each, and their held-out
+# curves in docs/ (~12 min a game); GAMES=tictactoe runs one
+GAMES ?= tictactoe game_2048
+gallery: install-vllm install-jemalloc
+	for game in $(GAMES); do for seed in 0 1; do \
+		$(BIN)/python examples/$$game.py --seed $$seed --data .tracerl/gallery || exit 1; done; done
+	case " $(GAMES) " in *" tictactoe "*) $(BIN)/python examples/plot_seeds.py --metric val/win --title "Tic Tac Toe: held-out wins, 2 seeds" \
+		--out docs/tictactoe_seeds.png .tracerl/gallery/tictactoe/models/tictactoe-s0 .tracerl/gallery/tictactoe/models/tictactoe-s1;; esac
+	case " $(GAMES) " in *" game_2048 "*) $(BIN)/python examples/plot_seeds.py --metric val/reached_16 --title "2048 (10 moves): held-out games reaching 16, 2 seeds" \
+		--out docs/game_2048_seeds.png .tracerl/gallery/game2048/models/game2048-s0 .tracerl/gallery/game2048/models/game2048-s1;; esac
 
 # the same for the pipelined loop (tracerl.PipelineTrainer, rollouts beside the step): 12 kills (~4 min)
 chaos-pipelined: $(STAMP)

