@@ -137,11 +137,13 @@ bench-multitenant: $(STAMP)
 	$(BIN)/python bench/multitenant.py --json bench/multitenant.json
 
 # the gallery's games (examples/tictactoe.py, examples/game_2048.py), seeds 0 and 1 each, and their held-out
-# curves in docs/ (~12 min a game); GAMES=tictactoe runs one
+# curves in docs/, their histories in bench/gallery/ (~12 min for Tic Tac Toe, ~30 for 2048); GAMES=tictactoe runs one
 GAMES ?= tictactoe game_2048
 gallery: install-vllm install-jemalloc
-	for game in $(GAMES); do for seed in 0 1; do \
-		$(BIN)/python examples/$$game.py --seed $$seed --data .tracerl/gallery || exit 1; done; done
+	mkdir -p bench/gallery
+	for game in $(GAMES); do name=$$(echo $$game | tr -d _); for seed in 0 1; do \
+		$(BIN)/python examples/$$game.py --seed $$seed --data .tracerl/gallery || exit 1; \
+		cp .tracerl/gallery/$$name/models/$$name-s$$seed/history.jsonl bench/gallery/$$name-s$${seed}_history.jsonl; done; done
 	case " $(GAMES) " in *" tictactoe "*) $(BIN)/python examples/plot_seeds.py --metric val/win --title "Tic Tac Toe: held-out wins, 2 seeds" \
 		--out docs/tictactoe_seeds.png .tracerl/gallery/tictactoe/models/tictactoe-s0 .tracerl/gallery/tictactoe/models/tictactoe-s1;; esac
 	case " $(GAMES) " in *" game_2048 "*) $(BIN)/python examples/plot_seeds.py --metric val/reached_16 --title "2048 (10 moves): held-out games reaching 16, 2 seeds" \

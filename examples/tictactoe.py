@@ -19,12 +19,10 @@ game rewards first learning to answer with a free cell, then choosing better one
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import re
-import time
 
-import demo  # this folder's demo: its laptop-sized backend and step helpers
+import gallery  # this folder's shared game loop
 import openai
 import tracerl
 
@@ -106,71 +104,13 @@ async def play(model: tracerl.TrainableModel, game: int, *, temperature: float, 
     return trajectory
 
 
-async def evaluate(model: tracerl.TrainableModel, games: list[int]) -> list[tracerl.TrajectoryGroup]:
-    """Greedy held-out games (one each)."""
-    played = await tracerl.gather_trajectories(
-        (play(model, g, temperature=0.0, seed=0) for g in games), pbar_desc="held-out", max_exceptions=len(games)
-    )
-    return [tracerl.TrajectoryGroup([t]) for t in played]
-
-
-async def main(args: argparse.Namespace) -> None:
-    model = tracerl.TrainableModel(f"tictactoe-s{args.seed}", "tictactoe", "smollm2-135m", base_path=args.data,
-                                   lora_config={"r": 16, "alpha": 32})  # fmt: skip
-    backend_args = argparse.Namespace(inference=args.inference, serving="auto", gradient_checkpointing=True,
-                                      checkpoint_every_n_layers=2, kv_cache_mib=256)  # fmt: skip
-    backend = demo.make_backend(backend_args)
-    started = time.monotonic()
-    await model.register(backend)
-    rng = random.Random(args.seed)
-    held_out = list(range(10_000, 10_000 + args.val_games))
-    try:
-        step = await model.get_step()
-        if not demo.already_logged(model, "val", step):
-            await model.log(await evaluate(model, held_out), split="val", step=step)
-        games = [rng.randrange(10**6) for _ in range(4000)]
-        for batch in tracerl.iterate_dataset(games, groups_per_step=args.groups, num_epochs=1, initial_step=step, use_tqdm=False):
-            if batch.step >= args.steps:
-                break
-            groups = await tracerl.gather_trajectory_groups(
-                (tracerl.TrajectoryGroup(play(model, game, temperature=1.0, seed=game * 31 + i) for i in range(args.rollouts))
-                 for game in batch.items),
-                pbar_desc=f"step {batch.step + 1}/{args.steps}", max_exceptions=0.25,
-            )  # fmt: skip
-            result = await backend.train(model, groups, learning_rate=args.lr)
-            row = await model.log(groups, split="train", metrics=result.metrics, step=result.step)
-            print(f"step {result.step}: reward {row['train/reward']:.3f}, win {row['train/win']:.2f}, invalid {row['train/invalid']:.2f}"
-                  f"  {demo.step_split(result.metrics)}  {(time.monotonic() - started) / 60:.1f} min", flush=True)  # fmt: skip
-            if result.step % args.eval_every == 0 or result.step == args.steps:
-                val = await model.log(await evaluate(model, held_out), split="val", step=result.step)
-                print(f"held-out at step {result.step}: reward {val['val/reward']:.3f}, win {val['val/win']:.2f}, "
-                      f"draw {val['val/draw']:.2f}, loss {val['val/loss']:.2f}, invalid {val['val/invalid']:.2f}", flush=True)  # fmt: skip
-    finally:
-        await backend.close()
-    from tracerl.runs.plots import plot_history
-
-    out = plot_history(model.history(), ["train/reward", "val/reward", "val/win", "val/invalid"], model.run_dir.root / "reward_curve.png",
-                       title=f"Tic Tac Toe vs a random opponent, seed {args.seed}")  # fmt: skip
-    print(f"curve: {out}   history: {model.run_dir.history_path}")
+async def main(args: argparse.Namespace) -> tracerl.TrainableModel:
+    return await gallery.train(args, "tictactoe", play, ("win", "draw", "loss", "invalid"), "Tic Tac Toe vs a random opponent")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--groups", type=int, default=2, help="games per step (each a group)")
-    p.add_argument("--rollouts", type=int, default=8, help="plays of each game")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--val-games", type=int, default=64, help="held-out games (fixed opponent seeds)")
-    p.add_argument("--eval-every", type=int, default=4)
-    p.add_argument("--inference", choices=["auto", "vllm", "transformers"], default="auto")
-    p.add_argument("--data", default=".tracerl")
-    return p.parse_args(argv)
+    return gallery.parse_args(__doc__, argv, steps=12)
 
 
 if __name__ == "__main__":
-    from tracerl.train.allocator import relaunch_with_jemalloc
-
-    arguments = parse_args()
-    relaunch_with_jemalloc()  # as the demo: ~0.9 GB less peak per step when jemalloc is installed
-    asyncio.run(main(arguments))
+    gallery.run(main, parse_args())

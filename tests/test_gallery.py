@@ -1,5 +1,6 @@
-"""The Tic Tac Toe gallery example (``examples/tictactoe.py``): its rules checked in code, and one
-real-model step (SmolLM2 on the transformers server) in which every move is a sampled turn."""
+"""The gallery's games (``examples/tictactoe.py``, ``examples/game_2048.py``): their rules checked in
+code, and one real-model step each (SmolLM2 on the transformers server) in which every move is a
+sampled turn.  The full runs: ``make gallery``."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _example():
-    sys.path.insert(0, str(EXAMPLES))  # it imports the demo's backend settings
+def _example(name: str = "tictactoe"):
+    sys.path.insert(0, str(EXAMPLES))  # it imports the gallery's loop and the demo's backend settings
     try:
-        spec = importlib.util.spec_from_file_location("tictactoe", EXAMPLES / "tictactoe.py")
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)  # type: ignore[union-attr]
     finally:
@@ -65,3 +66,32 @@ def test_games_are_multi_turn_sampled_trajectories_and_a_step_trains(tmp_path, c
     if varied:
         assert train["train/trained_tokens"] > 0
     assert (run.root / "reward_curve.png").stat().st_size > 0
+
+
+def test_2048_slides_merges_and_scores_as_the_game_does():
+    g = _example("game_2048")
+    assert g.slide_row_left([2, 2, 2, 2]) == [4, 4, 0, 0] and g.slide_row_left([2, 0, 2, 4]) == [4, 4, 0, 0]
+    assert g.slide_row_left([4, 4, 8, 0]) == [8, 8, 0, 0]  # a merged tile does not merge again in the same move
+    board = [[2, 0, 0, 2], [2, 0, 0, 0], [0] * 4, [0] * 4]
+    assert g.moved(board, "right")[0] == [0, 0, 0, 4] and g.moved(board, "down")[3] == [4, 0, 0, 2]
+    assert g.moved(board, "up")[0] == [4, 0, 0, 2] and g.moved(board, "left")[0] == [4, 0, 0, 0]
+    assert g.parse_move("Up!") == "up" and g.parse_move("I'd go down, then left") == "down" and g.parse_move("upward") is None
+    assert g.reward_of(16, False) == 1.0 and g.reward_of(8, False) == 0.75 and g.reward_of(64, True) == -0.5
+
+
+@pytest.mark.real_model
+def test_2048_games_are_sampled_turns_and_a_step_trains(tmp_path, capsys):
+    g = _example("game_2048")
+    args = g.parse_args(["--steps", "1", "--groups", "1", "--rollouts", "4", "--val-games", "2", "--inference", "transformers",
+                         "--data", str(tmp_path)])  # fmt: skip
+    asyncio.run(g.main(args))
+    assert "step 1: reward" in capsys.readouterr().out
+    from tracerl.integrations.importers import read_jsonl
+    from tracerl.runs.storage import RunDir
+
+    games = read_jsonl(RunDir(tmp_path, "game2048", "game2048-s0").trajectories_path("train", 1))
+    assert len(games) == 4
+    for game in games:
+        assert len(game.sampled_turns()) == game.metrics["moves"] <= g.MAX_MOVES
+        assert all(c.token_ids and c.logprobs for c in game.sampled_turns())
+        assert game.reward == g.reward_of(int(game.metrics["largest"]), bool(game.metrics["invalid"]))
