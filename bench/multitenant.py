@@ -55,12 +55,7 @@ WORKER_TIMEOUT_S = 3600
 def demo_args(seed: int, data: str) -> argparse.Namespace:
     import demo
 
-    saved = sys.argv
-    try:
-        sys.argv = ["demo.py", "--seed", str(seed), "--data", data]
-        return demo.parse_args()
-    finally:
-        sys.argv = saved
+    return demo.parse_args(["--seed", str(seed), "--data", data])
 
 
 async def decode_speed(model: Any, requests: int, tokens: int) -> dict[str, float]:

@@ -46,12 +46,7 @@ LOOPS = ("synchronous", "pipelined")
 def demo_args(seed: int, data: str) -> argparse.Namespace:
     import demo
 
-    saved = sys.argv
-    try:
-        sys.argv = ["demo.py", "--seed", str(seed), "--data", data]
-        return demo.parse_args()
-    finally:
-        sys.argv = saved
+    return demo.parse_args(["--seed", str(seed), "--data", data])
 
 
 class SlowAdd:

@@ -163,12 +163,7 @@ def demo_args(args: argparse.Namespace) -> argparse.Namespace:
     """
     import demo
 
-    saved = sys.argv
-    try:
-        sys.argv = ["demo.py"]
-        dargs = demo.parse_args()
-    finally:
-        sys.argv = saved
+    dargs = demo.parse_args([])
     overrides = dict(seed=args.seed, base_model=args.base_model, data=tempfile.mkdtemp(prefix="ttr-tracerl-"), inference=args.inference,
                      serving=args.serving, rollouts=args.rollouts, lr=args.lr, groups_per_step=args.groups_per_step, steps=args.max_steps)  # fmt: skip
     for key, value in overrides.items():

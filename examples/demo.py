@@ -341,7 +341,8 @@ def summarize(model: tracerl.TrainableModel, args: argparse.Namespace) -> None:
     print(f"reward curve: {out}   history: {model.run_dir.history_path}")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The demo's settings from ``argv`` (default: the command line); benchmarks pass their own."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)
@@ -374,7 +375,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=18.0)
     p.add_argument("--data", default=".tracerl")
     p.add_argument("--plot", default=None, help="reward curve PNG (default: reward_curve.png in the run directory)")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 if __name__ == "__main__":

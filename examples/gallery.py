@@ -19,6 +19,21 @@ import tracerl
 Play = Callable[..., Awaitable[tracerl.Trajectory]]
 
 
+async def move(model: tracerl.TrainableModel, trajectory: tracerl.Trajectory, board: str, *, temperature: float, seed: int | None) -> str:
+    """One move, as ART's examples write a turn: the board appended, ``trajectory.messages()`` sent, the
+    SDK's ``Choice`` appended as it comes (tracerl's servers return its token ids and logprobs unasked);
+    the reply's text.  ``seed`` is offset by the number of moves made before this one."""
+    made = len(trajectory.sampled_turns())
+    trajectory.messages_and_choices.append({"role": "user", "content": board})
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=trajectory.messages(), max_completion_tokens=6,
+        temperature=temperature, seed=None if seed is None else seed + made,
+    )  # fmt: skip
+    choice = completion.choices[0]
+    trajectory.messages_and_choices.append(choice)
+    return choice.message.content or ""
+
+
 async def evaluate(model: tracerl.TrainableModel, play: Play, games: Sequence[int]) -> list[tracerl.TrajectoryGroup]:
     """Greedy held-out games (one each)."""
     played = await tracerl.gather_trajectories(

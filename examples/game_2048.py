@@ -94,21 +94,14 @@ def reward_of(largest: int, invalid: bool) -> float:
 @tracerl.retry(max_attempts=2, exceptions=(openai.APITimeoutError,))
 async def play(model: tracerl.TrainableModel, game: int, *, temperature: float, seed: int | None) -> tracerl.Trajectory:
     """Up to ``MAX_MOVES`` moves of one game; ``game`` seeds its tiles."""
-    client = model.openai_client()
     rng = random.Random(game)
     board = new_board(rng)
     trajectory = tracerl.Trajectory(messages_and_choices=[{"role": "system", "content": SYSTEM}, *WORKED], reward=0, metadata={"game": game})
     invalid, moves = False, 0
     while moves < MAX_MOVES:
-        trajectory.messages_and_choices.append({"role": "user", "content": render(board)})
-        completion = await client.chat.completions.create(
-            model=model.get_inference_name(), messages=trajectory.messages(), max_completion_tokens=6,
-            temperature=temperature, seed=None if seed is None else seed + moves,
-        )  # fmt: skip
-        choice = completion.choices[0]
-        trajectory.messages_and_choices.append(choice)
+        reply = await gallery.move(model, trajectory, render(board), temperature=temperature, seed=seed)
         moves += 1
-        move = parse_move(choice.message.content or "")
+        move = parse_move(reply)
         after = moved(board, move) if move else board
         if after == board:  # no move named, or one that changes nothing
             invalid = True

@@ -67,24 +67,15 @@ def outcome_reward(outcome: str) -> float:
 async def play(model: tracerl.TrainableModel, game: int, *, temperature: float, seed: int | None) -> tracerl.Trajectory:
     """One game; ``game`` seeds the opponent.  The trajectory's metrics say how it ended.
 
-    Written as ART's examples write rollouts (``import tracerl as art`` would run it as is): the SDK's
-    ``Choice`` appended as it comes, ``trajectory.messages()`` sent back, ``tracerl.retry``; the
-    served token ids and logprobs come with every answer from tracerl's servers, unasked."""
-    client = model.openai_client()
+    Written as ART's examples write rollouts (``tracerl.retry``, each turn in :func:`gallery.move`)."""
     opponent = random.Random(game)
     board = [" "] * 9
     trajectory = tracerl.Trajectory(messages_and_choices=[{"role": "system", "content": SYSTEM}], reward=0, metadata={"game": game})
     outcome, moves = "draw", 0
     while free_cells(board):
-        trajectory.messages_and_choices.append({"role": "user", "content": render(board)})
-        completion = await client.chat.completions.create(
-            model=model.get_inference_name(), messages=trajectory.messages(), max_completion_tokens=6,
-            temperature=temperature, seed=None if seed is None else seed + moves,
-        )  # fmt: skip
-        choice = completion.choices[0]
-        trajectory.messages_and_choices.append(choice)
+        reply = await gallery.move(model, trajectory, render(board), temperature=temperature, seed=seed)
         moves += 1
-        cell = parse_move(choice.message.content or "", board)
+        cell = parse_move(reply, board)
         if cell is None:
             outcome = "invalid"
             break
