@@ -126,6 +126,12 @@ def test_merged_serving_returns_the_trainers_policy_after_a_step(tmp_path):
             straggler = await client.chat.completions.create(model=model.get_inference_name(1), messages=QUESTION, max_tokens=1)
             assert {c.model for c in after_step.trajectories[0].sampled_turns()} == {"merged@1"}  # the policy that sampled it
             assert straggler.model == "merged@2"  # asked for step 1, answered by step 2's weights: the answer says so
+            sft_example = {"messages": [*QUESTION, {"role": "assistant", "content": "Blue, because it looks calm."}]}
+            sft = await backend.train_sft(model, [sft_example], {"learning_rate": 5e-3, "show_progress": False})
+            after_sft = await _sample_group(client, model.get_inference_name(3))  # an SFT step is served merged too
+            assert sft.step == 3 and {c.model for c in after_sft.trajectories[0].sampled_turns()} == {"merged@3"}
+            sft_served, sft_policy, _ = _served_and_trainer_logprobs(backend._trainer(state), backend.tokenizer(model), after_sft)
+            assert (sft_served - sft_policy).abs().max() < 2e-3, "vLLM did not serve the policy SFT wrote"
             return first, second, logprobs, per_stream
         finally:
             await backend.close()

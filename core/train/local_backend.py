@@ -354,8 +354,16 @@ class LocalBackend:
                 LOGPROB_CORR_WARN,
             )
         model._step_cache = step
+        loading = time.monotonic()
+        await self._publish(state, model, step, trainer)
+        metrics["hot_load_seconds"] = time.monotonic() - loading
+        metrics["step_seconds"] = time.monotonic() - started
+        return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
+
+    async def _publish(self, state: _Registered, model: TrainableModel, step: int, trainer: "LoRATrainer | None") -> None:
+        """Serve committed checkpoint ``step`` as ``name@step`` (the adapter loaded, or the merged weights
+        written and reloaded), keeping ``step - 1`` for stragglers; ``trainer`` None: a skipped step."""
         if state.server is not None:
-            loading = time.monotonic()
             if self.serve_merged:
                 if trainer is not None:
                     await self._reload_merged(state, step, trainer, model.get_inference_name(step))
@@ -365,12 +373,9 @@ class LocalBackend:
                 aliases.add(model.get_inference_name(step))
                 aliases.discard(model.get_inference_name(step - 2))  # stragglers of step-1 now get this step's weights
             else:
-                await state.server.load_adapter(model.get_inference_name(step), str(final))
+                await state.server.load_adapter(model.get_inference_name(step), str(state.run_dir.checkpoint_path(step)))
                 await _unload_quietly(state.server, model.get_inference_name(step - 2))  # keep the previous for stragglers
-            metrics["hot_load_seconds"] = time.monotonic() - loading
         model.inference_model_name = model.get_inference_name(step)
-        metrics["step_seconds"] = time.monotonic() - started
-        return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
 
     async def train_sft(
         self,
@@ -415,10 +420,7 @@ class LocalBackend:
             raise
         model._step_cache = step
         final = state.run_dir.checkpoint_path(step)
-        if state.server is not None:
-            await state.server.load_adapter(model.get_inference_name(step), str(final))
-            await _unload_quietly(state.server, model.get_inference_name(step - 2))
-        model.inference_model_name = model.get_inference_name(step)
+        await self._publish(state, model, step, trainer)
         return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
 
     async def _step_or_skip(
