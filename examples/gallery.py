@@ -11,27 +11,70 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 
 import demo  # this folder's demo: its laptop-sized backend and step helpers
 import tracerl
 
 Play = Callable[..., Awaitable[tracerl.Trajectory]]
+Warmup = Callable[[tracerl.TrainableModel, tracerl.Backend], Awaitable[str]]
+"""A first training step before GRPO (:func:`sft_warmup`); returns a line to print."""
+HELD_OUT_FROM = 10_000
+"""Held-out items are seeds from here on (``--val-games`` of them); training items are never among the next 100."""
 
 
-async def move(model: tracerl.TrainableModel, trajectory: tracerl.Trajectory, board: str, *, temperature: float, seed: int | None) -> str:
+def items_outside(seed: int, n: int, held_out: Container[int] = range(HELD_OUT_FROM, HELD_OUT_FROM + 100)) -> list[int]:
+    """``n`` random item seeds (drawn with ``seed``), none of them in ``held_out``."""
+    rng = random.Random(seed)
+    items: list[int] = []
+    while len(items) < n:
+        item = rng.randrange(10**6)
+        if item not in held_out:
+            items.append(item)
+    return items
+
+
+def sft_warmup(args: argparse.Namespace, system: str, items: Sequence[int], worked: Callable[[int], tuple[str, str]], what: str) -> Warmup:
+    """Step 1 as SFT: for each of ``items``, ``worked(item)`` gives the prompt and the reference answer,
+    trained as one conversation after ``system`` (``--sft-lr``, one epoch, cosine, batches of 8)."""
+
+    async def warmup(model: tracerl.TrainableModel, backend: tracerl.Backend) -> str:
+        conversations = [
+            [{"role": "system", "content": system}, {"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+            for prompt, answer in map(worked, items)
+        ]
+        examples = [tracerl.Trajectory(messages_and_choices=messages) for messages in conversations]
+        config = tracerl.SFTConfig(learning_rate=args.sft_lr, batch_size=8, epochs=1, schedule_type="cosine", warmup_ratio=0.1,
+                                   seed=args.seed, show_progress=False)  # fmt: skip
+        result = await backend.train_sft(model, examples, config)
+        return f"step {result.step}: SFT on {len(examples)} {what}, loss {result.metrics['loss']:.3f}"
+
+    return warmup
+
+
+async def move(
+    model: tracerl.TrainableModel, trajectory: tracerl.Trajectory, board: str, *, temperature: float, seed: int | None, max_tokens: int = 6
+) -> str:
     """One move, as ART's examples write a turn: the board appended, ``trajectory.messages()`` sent, the
     SDK's ``Choice`` appended as it comes (tracerl's servers return its token ids and logprobs unasked);
     the reply's text.  ``seed`` is offset by the number of moves made before this one."""
     made = len(trajectory.sampled_turns())
     trajectory.messages_and_choices.append({"role": "user", "content": board})
     completion = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(), messages=trajectory.messages(), max_completion_tokens=6,
+        model=model.get_inference_name(), messages=trajectory.messages(), max_completion_tokens=max_tokens,
         temperature=temperature, seed=None if seed is None else seed + made,
     )  # fmt: skip
     choice = completion.choices[0]
     trajectory.messages_and_choices.append(choice)
     return choice.message.content or ""
+
+
+async def answer(
+    model: tracerl.TrainableModel, system: str, prompt: str, item: int, *, temperature: float, seed: int | None, max_tokens: int
+) -> tuple[tracerl.Trajectory, str]:
+    """A one-turn task: a trajectory (``system``, ``prompt``, the sampled reply; ``metadata["item"]``) and the reply's text."""
+    trajectory = tracerl.Trajectory(messages_and_choices=[{"role": "system", "content": system}], reward=0, metadata={"item": item})
+    return trajectory, await move(model, trajectory, prompt, temperature=temperature, seed=seed, max_tokens=max_tokens)
 
 
 async def evaluate(model: tracerl.TrainableModel, play: Play, games: Sequence[int]) -> list[tracerl.TrajectoryGroup]:
@@ -42,9 +85,15 @@ async def evaluate(model: tracerl.TrainableModel, play: Play, games: Sequence[in
     return [tracerl.TrajectoryGroup([t]) for t in played]
 
 
-async def train(args: argparse.Namespace, name: str, play: Play, shown: Sequence[str], title: str) -> tracerl.TrainableModel:
+async def train(
+    args: argparse.Namespace, name: str, play: Play, shown: Sequence[str], title: str, *, warmup: Warmup | None = None,
+    items: Callable[[int, int], Sequence[int]] | None = None, held_out: Sequence[int] | None = None,
+) -> tracerl.TrainableModel:
     """Train ``{name}-s{seed}`` for ``args.steps`` steps (resuming a run that was stopped); ``shown``:
-    the metrics printed each step and drawn, with the reward, in the run's ``reward_curve.png``."""
+    the metrics printed each step and drawn, with the reward, in the run's ``reward_curve.png``.
+    ``warmup`` (if any) is step 1, evaluated like the others; GRPO makes the steps after it.
+    ``items(seed, n)``: the training games (default :func:`items_outside`); ``held_out``: the held-out
+    ones (default: ``--val-games`` seeds from :data:`HELD_OUT_FROM`)."""
     model = tracerl.TrainableModel(f"{name}-s{args.seed}", name, "smollm2-135m", base_path=args.data,
                                    lora_config={"r": 16, "alpha": 32})  # fmt: skip
     backend_args = argparse.Namespace(inference=args.inference, serving="auto", gradient_checkpointing=True,
@@ -52,7 +101,7 @@ async def train(args: argparse.Namespace, name: str, play: Play, shown: Sequence
     backend = demo.make_backend(backend_args)
     started = time.monotonic()
     await model.register(backend)
-    held_out = range(10_000, 10_000 + args.val_games)
+    held_out = held_out or range(HELD_OUT_FROM, HELD_OUT_FROM + args.val_games)
 
     def line(row: dict, split: str) -> str:
         return ", ".join(f"{key} {row[f'{split}/{key}']:.2f}" for key in ("reward", *shown))
@@ -60,9 +109,14 @@ async def train(args: argparse.Namespace, name: str, play: Play, shown: Sequence
     try:
         step = await model.get_step()
         if not demo.already_logged(model, "val", step):
-            await model.log(await evaluate(model, play, held_out), split="val", step=step)
-        rng = random.Random(args.seed)
-        games = [rng.randrange(10**6) for _ in range(4000)]
+            val = await model.log(await evaluate(model, play, held_out), split="val", step=step)
+            print(f"held-out at step {step}: {line(val, 'val')}", flush=True)
+        if warmup is not None and step == 0:
+            print(await warmup(model, backend), flush=True)
+            step = await model.get_step()
+            val = await model.log(await evaluate(model, play, held_out), split="val", step=step)
+            print(f"held-out at step {step} (after the warm-up): {line(val, 'val')}", flush=True)
+        games = (items or items_outside)(args.seed, 4000)
         for batch in tracerl.iterate_dataset(games, groups_per_step=args.groups, num_epochs=1, initial_step=step, use_tqdm=False):
             if batch.step >= args.steps:
                 break
@@ -89,6 +143,12 @@ async def train(args: argparse.Namespace, name: str, play: Play, shown: Sequence
 
 
 def parse_args(doc: str | None, argv: list[str] | None, *, steps: int, val_games: int = 64) -> argparse.Namespace:
+    return parser(doc, steps=steps, val_games=val_games).parse_args(argv)
+
+
+def parser(doc: str | None, *, steps: int, val_games: int = 64, sft_examples: int | None = None) -> argparse.ArgumentParser:
+    """The games' common flags, with ``--sft-examples`` (default ``sft_examples``) and ``--sft-lr``
+    for a task whose step 1 is SFT; an example adds its own."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--seed", type=int, default=0)
@@ -99,7 +159,10 @@ def parse_args(doc: str | None, argv: list[str] | None, *, steps: int, val_games
     p.add_argument("--eval-every", type=int, default=4)
     p.add_argument("--inference", choices=["auto", "vllm", "transformers"], default="auto")
     p.add_argument("--data", default=".tracerl")
-    return p.parse_args(argv)
+    if sft_examples is not None:
+        p.add_argument("--sft-examples", type=int, default=sft_examples, help="worked examples SFT trains on (step 1); 0: GRPO only")
+        p.add_argument("--sft-lr", type=float, default=5e-4)
+    return p
 
 
 def run(main: Callable[[argparse.Namespace], Awaitable[object]], args: argparse.Namespace) -> None:

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True, help="PNG to write")
     p.add_argument("--title", default="")
     args = p.parse_args(argv)
-    histories = {(r.parent.name if r.name == "history.jsonl" else r.name): read_history(r) for r in args.runs}
+    histories = {(r.parent.name if r.name == "history.jsonl" else r.name.removesuffix(".jsonl").removesuffix("_history")): read_history(r) for r in args.runs}
     summary = plot_seeds(histories, args.metric, args.out, title=args.title or f"{args.metric}, {len(histories)} seeds")
     print(f"{'step':>5}  {'mean':>6}  {'std':>6}  {'min':>6}  {'max':>6}   " + "  ".join(histories))
     for s in summary:

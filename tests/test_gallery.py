@@ -95,3 +95,79 @@ def test_2048_games_are_sampled_turns_and_a_step_trains(tmp_path, capsys):
         assert len(game.sampled_turns()) == game.metrics["moves"] <= g.MAX_MOVES
         assert all(c.token_ids and c.logprobs for c in game.sampled_turns())
         assert game.reward == g.reward_of(int(game.metrics["largest"]), bool(game.metrics["invalid"]))
+
+
+def test_sql_is_scored_by_execution_on_a_read_only_database_with_a_time_limit():
+    s = _example("text_to_sql")
+    gold = "SELECT name FROM employees WHERE department = 'Sales'"
+    assert s.score(gold, gold) == "correct"
+    assert s.score("SELECT name FROM employees WHERE department='Sales' ORDER BY age;", gold) == "correct"  # rows as a multiset
+    assert s.score("```sql\nSELECT name FROM employees WHERE department = 'Sales'\n```", gold) == "correct"
+    assert s.score("SELECT name FROM employees", gold) == "wrong" and s.score("SELEC name", gold) == "error"
+    ordered = "SELECT name FROM employees ORDER BY salary DESC LIMIT 3"
+    assert s.score("SELECT name FROM employees ORDER BY salary ASC LIMIT 3", ordered) == "wrong"
+    assert s.score("DELETE FROM employees", gold) == "error" and s.run_query("SELECT COUNT(*) FROM employees") == [(30,)]
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
+    assert s.score(endless, gold) == "error"  # stopped by the time limit
+    assert len(s.HELD_OUT) == 64 and len(s.HELD_OUT_QUESTIONS) == 64
+    assert not {s.question(i)[0] for i in s.training_items(0, 500)} & s.HELD_OUT_QUESTIONS
+    assert all(s.run_query(s.question(i)[1]) is not None for i in s.HELD_OUT)
+
+
+def test_clue_puzzles_are_solved_only_by_matching_the_hour():
+    c = _example("temporal_clue")
+    for item in range(200):
+        text, solution, culprit = c.puzzle(item)
+        lines = text.split("\n")
+        suspects = lines[0].removeprefix("Suspects: ").split(". ")[0].split(", ")
+        hour = lines[0].split(" at ")[-1].rstrip(".")
+        clues = lines[1:-1]
+        assert len(clues) == 6 and all(sum(f", {s} was" in c_ for c_ in clues) == 2 for s in suspects)
+        with_alibi = {s for s in suspects for c_ in clues if c_.startswith(f"At {hour}, {s} ")}
+        assert set(suspects) - with_alibi == {culprit}
+        assert c.verdict(solution, item) == "solved"
+    text, _, culprit = c.puzzle(1)
+    other = next(s for s in text.split("\n")[0].removeprefix("Suspects: ").split(". ")[0].split(", ") if s != culprit)
+    assert c.verdict(f"Not {culprit}: {other}.", 1) == "wrong" and c.verdict("the butler", 1) == "none"
+
+
+def test_summaries_pass_with_every_fact_within_the_word_bound():
+    m = _example("summarizer")
+    for item in range(100):
+        text, reference, facts = m.document(item)
+        assert all(value in text for value in facts.values()) and len(text.split(". ")) == 6
+        assert m.check(reference, facts) == (3, True)
+    _, reference, facts = m.document(7)
+    assert m.check(reference.replace(facts["number"], "many"), facts) == (2, True)
+    assert m.check(facts["person"].split()[0] + " did it.", facts) == (0, True)  # the first name alone is not the person
+    assert m.check(reference + " It was" + " a very" * 10 + " nice day.", facts) == (3, False)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name,run,outcomes", [("text_to_sql", "texttosql", ("correct", "wrong", "error")),
+                                               ("temporal_clue", "temporalclue", ("solved", "wrong", "none")),
+                                               ("summarizer", "summarizer", ("passed",))])  # fmt: skip
+def test_sft_then_a_grpo_step_with_a_checked_reward(tmp_path, capsys, name, run, outcomes):
+    m = _example(name)
+    args = m.parse_args(["--steps", "2", "--sft-examples", "8", "--groups", "1", "--rollouts", "4", "--val-games", "2",
+                         "--inference", "transformers", "--data", str(tmp_path)])  # fmt: skip
+    asyncio.run(m.main(args))
+    out = capsys.readouterr().out
+    assert "step 1: SFT on 8" in out and "step 2: reward" in out
+    from tracerl.integrations.importers import read_jsonl
+    from tracerl.runs.storage import RunDir
+
+    run_dir = RunDir(tmp_path, run, f"{run}-s0")
+    answers = read_jsonl(run_dir.trajectories_path("train", 2))
+    assert len(answers) == 4
+    for answer in answers:
+        [turn] = answer.sampled_turns()
+        assert turn.token_ids and turn.logprobs
+        if name == "summarizer":
+            assert answer.reward == (answer.metrics["facts"] if not answer.metrics["too_long"] else -0.5)
+            assert answer.metrics["passed"] == float(answer.reward == 1.0)
+        else:
+            [outcome] = [o for o in outcomes if answer.metrics[o] == 1.0]
+            assert answer.reward == m.OUTCOME_REWARD[outcome]
+    rows = run_dir.read_history()
+    assert [r["step"] for r in rows if "val/reward" in r] == [0, 1, 2]  # base, after SFT, after GRPO
