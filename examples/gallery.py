@@ -1,9 +1,10 @@
-"""The gallery's shared loop: a game played by ``play(model, game, temperature=, seed=)``, trained with GRPO.
+"""The gallery's shared loop: a game (or a one-turn task) played by ``play(model, item, temperature=, seed=)``, trained with GRPO.
 
-Each step plays ``--groups`` games ``--rollouts`` times each at T=1 (a group per game), trains one
-step and logs it; every ``--eval-every`` steps the held-out games (fixed seeds, never trained on)
-are played greedily.  The backend is the demo's laptop-sized one (vLLM serving the merged policy
-when installed).  ``examples/tictactoe.py`` and ``examples/game_2048.py`` are built on it.
+Each step plays ``--groups`` items ``--rollouts`` times each at T=1 (a group per item), trains one
+step and logs it; every ``--eval-every`` steps the held-out items (fixed seeds, never trained on)
+are played greedily.  A task may make step 1 an SFT warm-up (:func:`sft_warmup`).  The backend is
+the demo's laptop-sized one (vLLM serving the merged policy when installed).  Built on it:
+``examples/tictactoe.py``, ``game_2048.py``, ``text_to_sql.py``, ``temporal_clue.py``, ``summarizer.py``.
 """
 
 from __future__ import annotations
@@ -34,14 +35,22 @@ def items_outside(seed: int, n: int, held_out: Container[int] = range(HELD_OUT_F
     return items
 
 
-def sft_warmup(args: argparse.Namespace, system: str, items: Sequence[int], worked: Callable[[int], tuple[str, str]], what: str) -> Warmup:
-    """Step 1 as SFT: for each of ``items``, ``worked(item)`` gives the prompt and the reference answer,
-    trained as one conversation after ``system`` (``--sft-lr``, one epoch, cosine, batches of 8)."""
+def sft_warmup(
+    args: argparse.Namespace, system: str, worked: Callable[[int], tuple[str, str]], what: str,
+    items: Callable[[int, int], Sequence[int]] = items_outside,
+) -> Warmup | None:
+    """Step 1 as SFT on ``--sft-examples`` training items (``items(seed, n)``, drawn apart from the
+    GRPO steps' items): ``worked(item)`` gives the prompt and the reference answer, trained as one
+    conversation after ``system`` (``--sft-lr``, one epoch, cosine, batches of 8).  None (no warm-up)
+    when ``--sft-examples`` is 0."""
+    if not args.sft_examples:
+        return None
+    chosen = items(args.seed + 7_919, args.sft_examples)
 
     async def warmup(model: tracerl.TrainableModel, backend: tracerl.Backend) -> str:
         conversations = [
             [{"role": "system", "content": system}, {"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
-            for prompt, answer in map(worked, items)
+            for prompt, answer in map(worked, chosen)
         ]
         examples = [tracerl.Trajectory(messages_and_choices=messages) for messages in conversations]
         config = tracerl.SFTConfig(learning_rate=args.sft_lr, batch_size=8, epochs=1, schedule_type="cosine", warmup_ratio=0.1,

@@ -76,9 +76,8 @@ async def play(model: tracerl.TrainableModel, item: int, *, temperature: float, 
 
 
 async def main(args: argparse.Namespace) -> tracerl.TrainableModel:
-    sft = gallery.sft_warmup(args, SYSTEM, gallery.items_outside(args.seed + 7_919, args.sft_examples), lambda item: document(item)[:2], "reference summaries")
-    return await gallery.train(args, "summarizer", play, ("passed", "facts", "too_long"), "Summarizer: SFT, then GRPO",
-                               warmup=sft if args.sft_examples else None)  # fmt: skip
+    sft = gallery.sft_warmup(args, SYSTEM, lambda item: document(item)[:2], "reference summaries")
+    return await gallery.train(args, "summarizer", play, ("passed", "facts", "too_long"), "Summarizer: SFT, then GRPO", warmup=sft)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -79,9 +79,9 @@ async def play(model: tracerl.TrainableModel, item: int, *, temperature: float, 
 
 
 async def main(args: argparse.Namespace) -> tracerl.TrainableModel:
-    sft = gallery.sft_warmup(args, SYSTEM, gallery.items_outside(args.seed + 7_919, args.sft_examples), lambda item: puzzle(item)[:2], "worked solutions")
+    sft = gallery.sft_warmup(args, SYSTEM, lambda item: puzzle(item)[:2], "worked solutions")
     return await gallery.train(args, "temporalclue", play, ("solved", "wrong", "none"), "Temporal Clue-style puzzles: SFT, then GRPO",
-                               warmup=sft if args.sft_examples else None)  # fmt: skip
+                               warmup=sft)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -151,9 +151,9 @@ async def play(model: tracerl.TrainableModel, item: int, *, temperature: float, 
 
 
 async def main(args: argparse.Namespace) -> tracerl.TrainableModel:
-    pairs = gallery.sft_warmup(args, SYSTEM, training_items(args.seed + 7_919, args.sft_examples), question, "question/query pairs")
+    pairs = gallery.sft_warmup(args, SYSTEM, question, "question/query pairs", items=training_items)
     return await gallery.train(args, "texttosql", play, ("correct", "wrong", "error"), "Text-to-SQL: SFT, then GRPO",
-                               warmup=pairs if args.sft_examples else None, items=training_items, held_out=HELD_OUT[: args.val_games])  # fmt: skip
+                               warmup=pairs, items=training_items, held_out=HELD_OUT[: args.val_games])  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

