@@ -93,8 +93,8 @@ class InputExpander:
     chat spans' inputs as tuples of per-message JSON strings (shared between the spans of a chain).
 
     ``clean`` is applied once to each message's JSON (redaction) before it is remembered.
-    Spans reach the exporter in the order they ended, so a call's base is normally seen first;
-    when it is not (evicted, or the exporter was attached mid-rollout) the span leaves as a
+    A rollout emits its calls with each call's base first (``processor.bases_first``); when a
+    base was not seen (evicted, or the exporter was attached mid-rollout) the span leaves as a
     delta and ``missing`` counts it.
     """
 

@@ -151,12 +151,33 @@ def get_span_ids() -> PresetIds:
 
 
 def emit_spans(calls: list[ModelCallSpan]) -> None:
-    """OpenTelemetry spans from a rollout's records, when something listens (``recorded.py``)."""
+    """OpenTelemetry spans from a rollout's records, when something listens (``recorded.py``).
+
+    Each call whose input is a delta (``input_delta.py``) comes after the call it continues:
+    the exporter rebuilds full inputs in the order it receives spans, and a base can end after
+    the call that continues it (two conversations in flight at once in one rollout).
+    """
     if calls and listening(_provider):
         tracer, ids = get_tracer(), get_span_ids()
-        for call in calls:
+        for call in bases_first(calls):
             with guard("model_call_span"):  # one failing must not lose the others
                 call.emit(tracer, ids)
+
+
+def bases_first(calls: list[ModelCallSpan]) -> list[ModelCallSpan]:
+    """``calls`` in their order, except that a call's input base (when among them) comes before it."""
+    by_id = {call.context.span_id: call for call in calls}
+    placed: set[int] = set()
+    ordered: list[ModelCallSpan] = []
+    for call in calls:
+        chain: list[ModelCallSpan] = []
+        while call is not None and call.context.span_id not in placed:
+            placed.add(call.context.span_id)
+            chain.append(call)
+            base = getattr(call.request, "base", None)
+            call = by_id.get(base[0]) if base else None
+        ordered.extend(reversed(chain))
+    return ordered
 
 
 def get_tracer_provider() -> TracerProvider:

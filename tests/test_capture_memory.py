@@ -192,3 +192,24 @@ def test_recent_calls_compared_are_bounded():
     for index in range(20):
         history.open("openai", [{"role": "user", "content": str(index)}], index + 1)
     assert len(history._recent["openai"]) == input_delta.RECENT_CALLS
+
+
+@session_loop
+async def test_a_base_that_ends_last_is_still_exported_first(collect):
+    """Two calls in flight at once: the second continues the first's input (the shared system
+    message) and returns first.  The exporter still receives the base before the delta."""
+    from tracerl.integrations.spans import ChatAnswer, end_chat_span, start_chat_span
+
+    system = {"role": "system", "content": "be brief"}
+    async with ti.rollout() as r:
+        first = start_chat_span("openai", {"model": "m", "messages": [system, {"role": "user", "content": "one"}]}, provider="openai")
+        second = start_chat_span("openai", {"model": "m", "messages": [system, {"role": "user", "content": "two"}]}, provider="openai")
+        assert second.request.base == (first.context.span_id, 1)
+        for span in (second, first):
+            end_chat_span(span, ChatAnswer([{"role": "assistant", "content": "ok"}], ["stop"]))
+    chats = _chats(collect.spans, r.trajectory.trace_id)
+    exported = InMemorySpanExporter()
+    outbound = OutboundSpanExporter(exported)
+    assert outbound.export(chats) is SpanExportResult.SUCCESS and outbound.expander.missing == 0
+    inputs = [json.loads(s.attributes[sc.INPUT_MESSAGES]) for s in exported.get_finished_spans()]
+    assert sorted(m[1]["parts"][0]["content"] for m in inputs) == ["one", "two"] and all(len(m) == 2 for m in inputs)
