@@ -35,7 +35,19 @@ from .model import Backend, Model, TrainableModel
 from .redact import install_log_filter as _install_log_filter
 from .retry import retry
 from .train.dataset import iterate_dataset
-from .types import Choice, DatasetBatch, ExceptionRecord, History, TrainResult, Trajectory, TrajectoryGroup
+from .types import (
+    Choice,
+    DatasetBatch,
+    ExceptionRecord,
+    History,
+    MessageOrChoice,
+    Messages,
+    MessagesAndChoices,
+    Tools,
+    TrainResult,
+    Trajectory,
+    TrajectoryGroup,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracerl.integrations import rollout, trajectory, trajectory_group
@@ -69,6 +81,9 @@ __all__ = [
     "LocalBackend",
     "McpServerError",
     "McpTimeoutError",
+    "MessageOrChoice",
+    "Messages",
+    "MessagesAndChoices",
     "Model",
     "NonFiniteError",
     "PipelineTrainer",
@@ -83,6 +98,7 @@ __all__ = [
     "TeacherTimeoutError",
     "TinkerBackend",
     "TooManyExceptionsError",
+    "Tools",
     "TracerlError",
     "TrainResult",
     "TrainSFTConfig",

@@ -167,6 +167,12 @@ class Choice(_Checked):
 
 
 MessageOrChoice = Union[Message, Choice]
+Messages = list[Message]
+"""A conversation (ART's ``art.Messages``)."""
+MessagesAndChoices = list[MessageOrChoice]
+"""A trajectory's turns: messages, and the sampled choices among them (ART's ``art.MessagesAndChoices``)."""
+Tools = list[Tool]
+"""Tool schemas as the OpenAI SDK takes them (ART's ``art.Tools``)."""
 
 
 def _coerce_item(item: Any) -> MessageOrChoice:
