@@ -62,6 +62,11 @@ class TokenizeStats:
     """What tokenization had to do; reported in the step metrics."""
 
     breaks: Counter[str] = field(default_factory=Counter)
+    """Sequence breaks (a turn's prompt does not extend the sequence so far), by cause (:func:`_break_cause`)."""
+    sampled_tokens: int = 0
+    """Completion tokens of the sampled turns seen; each is trained unless counted in ``dropped_tokens``."""
+    dropped_tokens: Counter[str] = field(default_factory=Counter)
+    """Sampled tokens left untrained, by cause (``truncated``: past ``max_seq_len``)."""
     retokenized_turns: int = 0
     rendered_prompts: int = 0
     logprob_length_mismatches: int = 0
@@ -70,6 +75,9 @@ class TokenizeStats:
     def metrics(self) -> dict[str, float]:
         out = {f"sequence_breaks/{cause}": float(n) for cause, n in sorted(self.breaks.items())}
         out["sequence_breaks/total"] = float(sum(self.breaks.values()))
+        out["sampled_tokens"] = float(self.sampled_tokens)
+        out.update({f"dropped_tokens/{cause}": float(n) for cause, n in sorted(self.dropped_tokens.items())})
+        out["dropped_tokens/total"] = float(sum(self.dropped_tokens.values()))
         out["retokenized_turns"] = float(self.retokenized_turns)
         out["rendered_prompts"] = float(self.rendered_prompts)
         out["logprob_length_mismatches"] = float(self.logprob_length_mismatches)
@@ -132,6 +140,7 @@ class _SequenceBuilder:
         if logprobs is not None and len(logprobs) != len(completion):
             self.stats.logprob_length_mismatches += 1
             logprobs = None
+        self.stats.sampled_tokens += len(completion)
         self.ids.extend(completion)
         self.weights.extend([1.0] * len(completion))
         self.logprobs.extend(logprobs if logprobs is not None else [NAN] * len(completion))
@@ -261,6 +270,7 @@ def tokenize_trajectory(
         for seq in sequences:
             if len(seq.token_ids) > max_seq_len:
                 stats.truncated_sequences += 1
+                stats.dropped_tokens["truncated"] += int(sum(1 for w in seq.weights[max_seq_len:] if w > 0))
                 seq.token_ids, seq.weights = seq.token_ids[:max_seq_len], seq.weights[:max_seq_len]
                 seq.old_logprobs = seq.old_logprobs[:max_seq_len]
                 if seq.token_advantages is not None:
