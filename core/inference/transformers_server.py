@@ -25,6 +25,7 @@ from ..net.untraced import untraced_fastapi
 from ..redact import register_secret
 from .api_routes import add_api_routes
 from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request, stream_events
+from .chat_template import template_messages
 from .tool_calls import parse_tool_calls
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -172,7 +173,7 @@ class TransformersServer:
         tokenizer = self.engine.tokenizer
         try:
             text = tokenizer.apply_chat_template(
-                request.messages,
+                template_messages(tokenizer, request.messages),
                 tools=request.tools,
                 add_generation_prompt=request.add_generation_prompt,
                 tokenize=False,

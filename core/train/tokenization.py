@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
+from ..inference.chat_template import template_messages
 from ..errors import TrajectoryError
 from ..types import Choice, History, Message, Tool, Trajectory
 
@@ -90,7 +91,7 @@ def render_ids(
 ) -> list[int]:
     """Render ``messages`` with the model's own chat template and tokenize the text."""
     text = tokenizer.apply_chat_template(
-        list(messages), tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+        template_messages(tokenizer, list(messages)), tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
     )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -1,0 +1,66 @@
+"""Messages as a model's chat template expects them: tool-call arguments as objects or as strings.
+
+OpenAI messages carry a tool call's ``arguments`` as a JSON *string*.  Some templates (tracerl's
+own, Qwen3's) write a string back verbatim, which keeps exactly the text the model sampled; others
+(Qwen2.5, Llama 3.1, Mistral NeMo, gpt-oss) always apply ``tojson``, so a string comes out quoted
+and escaped (``"arguments": "{\\"city\\": ...}"``): a history the model never wrote, and a prompt
+that no longer extends the tokens it sampled.  vLLM converts every call's arguments to an object
+before rendering; here the template is asked once, with a probe, which form it writes as the model
+would, and strings are kept wherever the template writes them verbatim.  Used for every rendering
+tracerl does: the transformers server's prompts and the trainer's (``train/tokenization.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_PROBE_ARGUMENTS = '{"probe": 1}'
+_PROBE = [
+    {"role": "user", "content": "probe"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call00001", "type": "function", "function": {"name": "probe", "arguments": _PROBE_ARGUMENTS}}]},
+]  # fmt: skip  (a 9-character call id, as Mistral's template requires)
+_PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "probe", "parameters": {"type": "object", "properties": {}}}}]
+_verdicts: dict[str, bool] = {}
+
+
+def wants_object_arguments(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template quotes a string ``arguments`` (then it is given objects).
+
+    Decided once per template text, by rendering a probe call; a template that cannot render the
+    probe (no tool support) keeps strings."""
+    template = getattr(tokenizer, "chat_template", None)
+    key = template if isinstance(template, str) else repr(template)
+    if key not in _verdicts:
+        try:
+            text = tokenizer.apply_chat_template(_PROBE, tools=_PROBE_TOOLS, tokenize=False)
+        except Exception:  # noqa: BLE001 - no tool support in this template: nothing to convert
+            text = ""
+        _verdicts[key] = _PROBE_ARGUMENTS not in text and json.dumps(_PROBE_ARGUMENTS) in text
+    return _verdicts[key]
+
+
+def template_messages(tokenizer: Any, messages: list[Any]) -> list[Any]:
+    """``messages`` with tool-call arguments parsed into objects when the template wants them
+    (:func:`wants_object_arguments`); the list itself when nothing changes.  Arguments that are not a
+    JSON object stay strings."""
+    if not any(isinstance(m, dict) and m.get("tool_calls") for m in messages) or not wants_object_arguments(tokenizer):
+        return messages
+    return [_with_object_arguments(m) if isinstance(m, dict) and m.get("tool_calls") else m for m in messages]
+
+
+def _with_object_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    calls = []
+    for call in message["tool_calls"]:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                parsed = json.loads(arguments)
+            except json.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, dict):
+                call = {**call, "function": {**function, "arguments": parsed}}
+        calls.append(call)
+    return {**message, "tool_calls": calls}

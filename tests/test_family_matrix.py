@@ -1,0 +1,140 @@
+"""The supported-models matrix, token level: each family's real tokenizer and template (issue 32).
+
+For each family a multi-turn conversation is forced: every assistant turn is the template's own
+rendering of it after the generation prompt, up to the family's end-of-turn token (what the model
+would sample to say it).  Tokenized for training, the pinned outcome per family is asserted:
+
+- how the template wants tool-call arguments (objects, or strings kept verbatim);
+- whether the turns extend one another (one sequence), or where the template rewrites history
+  (a new sequence, counted by cause) — within tool rounds, and after a second user question;
+- and, for every family, that the trained tokens are exactly the sampled ones, none drifted.
+
+``docs/supported-models.md`` shows the same cells; the last test keeps it true to :data:`EXPECTED`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_family_training import TOOLS, conversation
+
+import tracerl
+from tracerl.families.files import is_installed, last_failure
+from tracerl.inference.chat_template import wants_object_arguments
+from tracerl.train.tokenization import TokenizeStats, render_ids, tokenize_trajectory
+
+pytest.importorskip("transformers")
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "supported-models.md"
+EXPECTED = {
+    # family: (arguments the template wants, breaks within the tool rounds, breaks after a second question)
+    "qwen3": ("string", {}, {"sampled_tokens_rerendered": 1}),
+    "qwen2.5": ("object", {}, {}),
+    "gemma3": (None, {}, {}),
+    "gptoss": ("object", {}, {"sampled_tokens_rerendered": 1}),
+    "llama3": ("object", {}, {}),
+    "mistral": ("object", {"context_rewritten": 1}, {"context_rewritten": 2}),
+}
+"""Gemma 3's template has no tool format (``None``): its conversation is plain turns."""
+CELLS = {"string": "strings, verbatim", "object": "objects", None: "no tool format"}
+
+
+def _plain(follow_up: bool) -> list[dict]:
+    turns = [("Weather in Paris?", "Sunny."), ("And Rome?", "Rainy.")] + ([("Thanks.", "Welcome.")] if follow_up else [])
+    return [m for q, a in turns for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
+
+
+def family_conversation(family: str, *, follow_up: bool) -> tuple[list[dict], list | None]:
+    """The family's conversation and tools: reasoning, two tool rounds and an answer (gpt-oss: the
+    tool rounds, its reasoning in ``thinking``; a second question comes before them); Gemma 3: plain turns."""
+    if family == "gemma3":
+        return _plain(follow_up), None
+    messages = conversation("Paris is sunny, Rome is rainy.", follow_up=follow_up)
+    if family == "gptoss":
+        rounds = [{**{k: v for k, v in m.items() if k != "reasoning_content"}, "thinking": m["reasoning_content"]}
+                  if "reasoning_content" in m else m for m in messages[:6]]  # fmt: skip
+        if follow_up:
+            rounds = [*rounds[:2], {"role": "assistant", "content": "Checking.", "thinking": "Say so."},
+                      {"role": "user", "content": "Go on."}, *rounds[2:]]  # fmt: skip
+        return rounds, TOOLS
+    return messages, TOOLS
+
+
+def forced_turns(tokenizer, family: str, messages: list[dict], tools: list | None) -> list:
+    """The conversation's items, each assistant turn a ``Choice`` of the template's own tokens for it."""
+    from tracerl.families.models import stop_token_ids
+
+    stops = set(stop_token_ids(tokenizer, family))
+    items: list = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            items.append(message)
+            continue
+        prompt = render_ids(tokenizer, messages[:i], tools, add_generation_prompt=True)
+        full = render_ids(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
+        start = len(prompt)
+        if full[:start] != prompt:  # the template moved something (Mistral: the system text to the last question)
+            start = max(k for k in range(2, len(full) + 1) if full[k - 2 : k] == prompt[-2:])  # after the generation prompt
+        completion = full[start:]
+        end = next(k for k, token in enumerate(completion) if token in stops)
+        items.append(tracerl.Choice(message=message, token_ids=completion[: end + 1], prompt_token_ids=prompt,
+                                    logprobs=[-1.0] * (end + 1)))  # fmt: skip
+    return items
+
+
+@pytest.fixture(scope="module", params=list(EXPECTED))
+def family(request):
+    name = request.param
+    if not is_installed(name):
+        pytest.skip(f"{name}'s files are not installed ({last_failure(name) or 'make install-model-files'})")
+    from tracerl.families.files import family_dir
+    from transformers import AutoTokenizer
+
+    return name, AutoTokenizer.from_pretrained(family_dir(name))
+
+
+def test_tool_call_arguments_are_given_as_the_template_writes_them(family):
+    name, tokenizer = family
+    wanted = EXPECTED[name][0]
+    if wanted is not None:
+        assert wants_object_arguments(tokenizer) == (wanted == "object")
+        messages, tools = family_conversation(name, follow_up=False)
+        history = tokenizer.decode(render_ids(tokenizer, messages, tools, add_generation_prompt=False))
+        assert '{"city": "Paris"}' in history and '\\"city\\"' not in history  # never a quoted, escaped string
+
+
+@pytest.mark.parametrize("follow_up", [False, True], ids=["tool rounds", "second question"])
+def test_turns_extend_each_other_or_break_by_cause_and_nothing_drifts(family, follow_up):
+    name, tokenizer = family
+    messages, tools = family_conversation(name, follow_up=follow_up)
+    trajectory = tracerl.Trajectory(messages_and_choices=forced_turns(tokenizer, name, messages, tools), tools=tools, reward=0)
+    stats = TokenizeStats()
+    sequences = tokenize_trajectory(trajectory, tokenizer, stats=stats)
+    assert dict(stats.breaks) == EXPECTED[name][2 if follow_up else 1]
+    assert len(sequences) == 1 + sum(stats.breaks.values())
+    sampled = [t for c in trajectory.messages_and_choices if isinstance(c, tracerl.Choice) for t in c.token_ids]
+    assert [t for s in sequences for t, w in zip(s.token_ids, s.weights) if w > 0] == sampled
+    assert stats.sampled_tokens == len(sampled) and not stats.dropped_tokens
+
+
+def test_the_documented_matrix_is_the_tested_one():
+    rows = {line.split("|")[1].strip().strip("`"): line for line in DOC.read_text().splitlines() if line.startswith("| `")}
+    for name, (arguments, rounds, second) in EXPECTED.items():
+        row = rows[name]
+        assert CELLS[arguments] in row, (name, row)
+        for breaks in (rounds, second):
+            assert ("kept" if not breaks else ", ".join(f"{cause} ×{n}" for cause, n in breaks.items())) in row, (name, row)
+
+
+def test_arguments_that_are_not_a_json_object_stay_strings(family):
+    from tracerl.inference.chat_template import template_messages
+
+    name, tokenizer = family
+    plain = [{"role": "user", "content": "hi"}]
+    assert template_messages(tokenizer, plain) is plain  # nothing to convert: the same list
+    calls = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call00001", "type": "function", "function": {"name": "f", "arguments": text}} for text in ("not json", "[1]", '{"a": 1}')]}]  # fmt: skip
+    arguments = [c["function"]["arguments"] for c in template_messages(tokenizer, calls)[0]["tool_calls"]]
+    assert arguments == ["not json", "[1]", {"a": 1} if EXPECTED[name][0] == "object" else '{"a": 1}']
+    assert calls[0]["tool_calls"][2]["function"]["arguments"] == '{"a": 1}'  # the caller's messages are not changed
