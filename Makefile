@@ -127,7 +127,7 @@ demo-tinker: install install-jemalloc
 	$(BIN)/python examples/demo.py --backend tinker --data .tracerl/tinker --max-minutes 40
 
 test: install-vllm install-gguf-converter install-model-files install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs install-ts
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=30 tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
 # check nothing was lost (~10 min on 2 CPU cores); the result is committed as bench/chaos.json
@@ -143,20 +143,25 @@ bench-pipeline: $(STAMP)
 bench-multitenant: $(STAMP)
 	$(BIN)/python bench/multitenant.py --json bench/multitenant.json
 
-# the gallery (examples/tictactoe.py, game_2048.py, text_to_sql.py, temporal_clue.py, summarizer.py), seeds 0 and 1 each: held-out
+# the gallery (examples/tictactoe.py, game_2048.py, text_to_sql.py, temporal_clue.py, summarizer.py, codenames.py, autorl.py),
+# seeds 0 and 1 each: held-out
 # curves of each task's outcome in docs/<task>_seeds.png, histories in bench/gallery/ (~12 min for Tic Tac Toe, ~50 for
 # 2048, ~10 to 15 each for the others); GAMES=tictactoe runs one
-GAMES ?= tictactoe game_2048 text_to_sql temporal_clue summarizer
+GAMES ?= tictactoe game_2048 text_to_sql temporal_clue summarizer codenames autorl
 OUTCOME_tictactoe := val/win
 OUTCOME_game_2048 := val/reached_16
 OUTCOME_text_to_sql := val/correct
 OUTCOME_temporal_clue := val/solved
 OUTCOME_summarizer := val/passed
+OUTCOME_codenames := val/both
+OUTCOME_autorl := val/exact
 TITLE_tictactoe := Tic Tac Toe: held-out wins
 TITLE_game_2048 := 2048 (10 moves): held-out games reaching 16
 TITLE_text_to_sql := Text-to-SQL: held-out execution accuracy
 TITLE_temporal_clue := Temporal Clue-style puzzles: held-out solved
 TITLE_summarizer := Summarizer: held-out summaries that pass
+TITLE_codenames := Codenames (guesser): held-out rounds with both clue words found
+TITLE_autorl := AutoRL with a 135M RULER judge: held-out replies exactly in capitals
 gallery: install-vllm install-jemalloc
 	mkdir -p bench/gallery
 	for game in $(GAMES); do name=$$(echo $$game | tr -d _); for seed in 0 1; do \

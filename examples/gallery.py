@@ -18,6 +18,7 @@ import demo  # this folder's demo: its laptop-sized backend and step helpers
 import tracerl
 
 Play = Callable[..., Awaitable[tracerl.Trajectory]]
+AfterEach = Callable[[tracerl.TrajectoryGroup], Awaitable[tracerl.TrajectoryGroup | None]]
 Warmup = Callable[[tracerl.TrainableModel, tracerl.Backend], Awaitable[str]]
 """A first training step before GRPO (:func:`sft_warmup`); returns a line to print."""
 HELD_OUT_FROM = 10_000
@@ -35,23 +36,30 @@ def items_outside(seed: int, n: int, held_out: Container[int] = range(HELD_OUT_F
     return items
 
 
+Worked = Callable[[int], "tuple[str, str] | list[tuple[str, str]]"]
+"""An item's worked example: (prompt, reference answer), or a multi-turn game's (prompt, answer) turns."""
+
+
 def sft_warmup(
-    args: argparse.Namespace, system: str, worked: Callable[[int], tuple[str, str]], what: str,
-    items: Callable[[int, int], Sequence[int]] = items_outside,
+    args: argparse.Namespace, system: str, worked: Worked, what: str, items: Callable[[int, int], Sequence[int]] = items_outside
 ) -> Warmup | None:
     """Step 1 as SFT on ``--sft-examples`` training items (``items(seed, n)``, drawn apart from the
-    GRPO steps' items): ``worked(item)`` gives the prompt and the reference answer, trained as one
-    conversation after ``system`` (``--sft-lr``, one epoch, cosine, batches of 8).  None (no warm-up)
-    when ``--sft-examples`` is 0."""
+    GRPO steps' items): ``worked(item)`` gives the prompt and the reference answer (or a game's turns),
+    trained as one conversation after ``system`` (``--sft-lr``, one epoch, cosine, batches of 8).
+    None (no warm-up) when ``--sft-examples`` is 0."""
     if not args.sft_examples:
         return None
     chosen = items(args.seed + 7_919, args.sft_examples)
 
+    def conversation(item: int) -> list[dict[str, str]]:
+        turns = worked(item)
+        messages = [{"role": "system", "content": system}]
+        for prompt, answer in [turns] if isinstance(turns, tuple) else turns:
+            messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+        return messages
+
     async def warmup(model: tracerl.TrainableModel, backend: tracerl.Backend) -> str:
-        conversations = [
-            [{"role": "system", "content": system}, {"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
-            for prompt, answer in map(worked, chosen)
-        ]
+        conversations = [conversation(item) for item in chosen]
         examples = [tracerl.Trajectory(messages_and_choices=messages) for messages in conversations]
         config = tracerl.SFTConfig(learning_rate=args.sft_lr, batch_size=8, epochs=1, schedule_type="cosine", warmup_ratio=0.1,
                                    seed=args.seed, show_progress=False)  # fmt: skip
@@ -97,12 +105,14 @@ async def evaluate(model: tracerl.TrainableModel, play: Play, games: Sequence[in
 async def train(
     args: argparse.Namespace, name: str, play: Play, shown: Sequence[str], title: str, *, warmup: Warmup | None = None,
     items: Callable[[int, int], Sequence[int]] | None = None, held_out: Sequence[int] | None = None,
+    setup: Callable[[tracerl.TrainableModel], Awaitable[None]] | None = None, after_each: AfterEach | None = None,
 ) -> tracerl.TrainableModel:
     """Train ``{name}-s{seed}`` for ``args.steps`` steps (resuming a run that was stopped); ``shown``:
     the metrics printed each step and drawn, with the reward, in the run's ``reward_curve.png``.
     ``warmup`` (if any) is step 1, evaluated like the others; GRPO makes the steps after it.
     ``items(seed, n)``: the training games (default :func:`items_outside`); ``held_out``: the held-out
-    ones (default: ``--val-games`` seeds from :data:`HELD_OUT_FROM`)."""
+    ones (default: ``--val-games`` seeds from :data:`HELD_OUT_FROM`).  ``setup(model)`` runs once the
+    policy is served, before anything is played; ``after_each`` scores each training group (RULER)."""
     model = tracerl.TrainableModel(f"{name}-s{args.seed}", name, "smollm2-135m", base_path=args.data,
                                    lora_config={"r": 16, "alpha": 32})  # fmt: skip
     backend_args = argparse.Namespace(inference=args.inference, serving="auto", gradient_checkpointing=True,
@@ -116,6 +126,8 @@ async def train(
         return ", ".join(f"{key} {row[f'{split}/{key}']:.2f}" for key in ("reward", *shown))
 
     try:
+        if setup is not None:
+            await setup(model)
         step = await model.get_step()
         if not demo.already_logged(model, "val", step):
             val = await model.log(await evaluate(model, play, held_out), split="val", step=step)
@@ -132,7 +144,7 @@ async def train(
             groups = await tracerl.gather_trajectory_groups(
                 (tracerl.TrajectoryGroup(play(model, game, temperature=1.0, seed=game * 31 + i) for i in range(args.rollouts))
                  for game in batch.items),
-                pbar_desc=f"step {batch.step + 1}/{args.steps}", max_exceptions=0.25,
+                pbar_desc=f"step {batch.step + 1}/{args.steps}", max_exceptions=0.25, after_each=after_each,
             )  # fmt: skip
             result = await backend.train(model, groups, learning_rate=args.lr)
             row = await model.log(groups, split="train", metrics=result.metrics, step=result.step)

@@ -1,15 +1,19 @@
-"""The gallery's games (``examples/tictactoe.py``, ``examples/game_2048.py``): their rules checked in
-code, and one real-model step each (SmolLM2 on the transformers server) in which every move is a
-sampled turn.  The full runs: ``make gallery``."""
+"""The gallery (``examples/tictactoe.py``, ``game_2048.py``, ``text_to_sql.py``, ``temporal_clue.py``,
+``summarizer.py``, ``codenames.py``, ``autorl.py``): each task's rules checked in code, and a tiny
+real-model run of each (SmolLM2 on the transformers server) in which every move is a sampled turn.
+The full runs: ``make gallery``."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import pytest
+
+import tracerl
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -140,10 +144,69 @@ def test_summaries_pass_with_every_fact_within_the_word_bound():
     assert m.check(reference + " It was" + " a very" * 10 + " nice day.", facts) == (3, False)
 
 
+def test_codenames_boards_and_rounds_follow_the_rules():
+    c = _example("codenames")
+    for item in range(200):
+        words, sides, clue = c.board(item)
+        assert len(words) == 9 and sorted(sides.values()).count("team") == 3 and list(sides.values()).count("assassin") == 1
+        assert [w for w in words if w in c.CATEGORIES[clue]] == [w for w in words if w in c.CATEGORIES[clue] and sides[w] == "team"]
+        assert len([w for w in words if w in c.CATEGORIES[clue]]) == c.CLUE_NUMBER  # the clue fits two team words, nothing else
+        turns = c.worked_round(item)
+        assert [answer for _, answer in turns] == [w for w in words if w in c.CATEGORIES[clue]]
+    words = ["storm", "dog", "fog"]
+    assert c.parse_guess("Fog!", words, []) == "fog" and c.parse_guess("fog", words, ["fog"]) is None
+    assert c.parse_guess("I pick the weather word storm", words, []) == "storm" and c.parse_guess("rain", words, []) is None
+
+
+def test_autorl_inputs_are_cleaned_and_replies_checked():
+    a = _example("autorl")
+    assert a.clean("1. The cat sat on the mat.") == "The cat sat on the mat." and a.clean("- \"Please call me back.\"") == "Please call me back."
+    assert a.clean("Hi") is None and a.clean("1234 5678 9012") is None and a.clean(" ".join(["word"] * 20)) is None
+    assert a.check(' "THE CAT SAT." ', "The cat sat.") and not a.check("THE CAT SAT", "The cat sat.")
+    group = tracerl.TrajectoryGroup([tracerl.Trajectory(messages_and_choices=[], reward=r, metrics={"exact": e})
+                                     for r, e in ((0.9, 1.0), (0.2, 0.0), (0.5, 0.0))])  # fmt: skip
+    assert [t.metrics["judge_agrees"] for t in a.agreement(group).trajectories] == [1.0] * 3
+    tied = a.agreement(tracerl.TrajectoryGroup([tracerl.Trajectory(messages_and_choices=[], reward=0.5, metrics={"exact": e}) for e in (1.0, 0.0)]))
+    assert [t.metrics for t in tied.trajectories][0] == {"exact": 1.0, "judge_tied": 1.0, "judge_agrees": 0.5}
+
+
+def _capitals_judge(request, n_call):
+    """A judge that knows the task: each reply scored by its share of capital letters."""
+    from ruler_judge_server import answer, trajectories_in
+
+    scores = []
+    for tid, text in trajectories_in(request):
+        reply = text.rsplit("assistant", 1)[-1]
+        letters = [ch for ch in reply if ch.isalpha()]
+        scores.append((tid, round(sum(ch.isupper() for ch in letters) / max(1, len(letters)), 3)))
+    return answer(scores)
+
+
+@pytest.mark.real_model
+def test_autorl_generates_inputs_judges_with_ruler_and_trains(tmp_path, capsys):
+    from ruler_judge_server import JudgeServer
+
+    a = _example("autorl")
+    with JudgeServer(_capitals_judge) as judge:
+        argv = ["--steps", "1", "--groups", "1", "--rollouts", "4", "--train-inputs", "4", "--val-inputs", "2", "--judge-url", judge.base_url]
+        out, run_dir, groups = _train(a, tmp_path, capsys, argv, "autorl", 1)
+        assert judge.count >= 1
+    assert "6 inputs, e.g." in out and "step 1: reward" in out
+    inputs = [json.loads(line)["input"] for line in (run_dir.root / "inputs.jsonl").read_text().splitlines()]
+    assert len(inputs) == len(set(inputs)) == 6 and all(a.clean(t) == t for t in inputs)
+    assert len(groups) == 4
+    for trajectory in groups:
+        assert trajectory.sampled_turns()[0].token_ids and trajectory.metadata["item"] >= 2  # training items are not held out
+        assert trajectory.metrics["independent_reward"] == trajectory.metrics["exact"]  # the check, kept beside the judge's score
+        assert trajectory.reward == trajectory.metrics["ruler_score"] and "judge_tied" in trajectory.metrics
+    assert [r["step"] for r in run_dir.read_history() if "val/exact" in r] == [0, 1]
+
+
 @pytest.mark.real_model
 @pytest.mark.parametrize("name,run,outcomes", [("text_to_sql", "texttosql", ("correct", "wrong", "error")),
                                                ("temporal_clue", "temporalclue", ("solved", "wrong", "none")),
-                                               ("summarizer", "summarizer", ("passed",))])  # fmt: skip
+                                               ("summarizer", "summarizer", ("passed",)),
+                                               ("codenames", "codenames", ("both", "one", "none", "assassin", "invalid"))])  # fmt: skip
 def test_sft_then_a_grpo_step_with_a_checked_reward(tmp_path, capsys, name, run, outcomes):
     m = _example(name)
     argv = ["--steps", "2", "--sft-examples", "8", "--groups", "1", "--rollouts", "4", "--val-games", "2"]
@@ -151,8 +214,9 @@ def test_sft_then_a_grpo_step_with_a_checked_reward(tmp_path, capsys, name, run,
     assert "step 1: SFT on 8" in out and "step 2: reward" in out
     assert len(answers) == 4
     for answer in answers:
-        [turn] = answer.sampled_turns()
-        assert turn.token_ids and turn.logprobs
+        turns = answer.sampled_turns()
+        assert len(turns) == (answer.metrics["found"] + (answer.reward != 1.0) if name == "codenames" else 1)  # a guess per turn
+        assert all(turn.token_ids and turn.logprobs for turn in turns)
         if name == "summarizer":
             assert answer.reward == (answer.metrics["facts"] if not answer.metrics["too_long"] else -0.5)
             assert answer.metrics["passed"] == float(answer.reward == 1.0)
