@@ -146,7 +146,7 @@ bench-multitenant: $(STAMP)
 # the gallery (examples/tictactoe.py, game_2048.py, text_to_sql.py, temporal_clue.py, summarizer.py, codenames.py, autorl.py),
 # seeds 0 and 1 each: held-out
 # curves of each task's outcome in docs/<task>_seeds.png, histories in bench/gallery/ (~12 min for Tic Tac Toe, ~50 for
-# 2048, ~10 to 15 each for the others); GAMES=tictactoe runs one
+# 2048, ~5 to 15 each for the others); GAMES=tictactoe runs one
 GAMES ?= tictactoe game_2048 text_to_sql temporal_clue summarizer codenames autorl
 OUTCOME_tictactoe := val/win
 OUTCOME_game_2048 := val/reached_16

@@ -167,6 +167,7 @@ class Choice(_Checked):
 
 
 MessageOrChoice = Union[Message, Choice]
+"""An item of ``messages_and_choices``: a message, or a sampled turn (ART's ``art.MessageOrChoice``)."""
 Messages = list[Message]
 """A conversation (ART's ``art.Messages``)."""
 MessagesAndChoices = list[MessageOrChoice]

@@ -1,7 +1,7 @@
 """AutoRL: train a model on a task from nothing but its description (ART's AutoRL recipe): generate
 inputs, roll out, score each group with RULER, train with GRPO.
 
-    python examples/autorl.py --steps 13 --seed 0
+    python examples/autorl.py --steps 10 --seed 0
     python examples/autorl.py --judge openai/o4-mini          # any LiteLLM model string as the judge
     python examples/autorl.py --judge-url http://host:8000/v1 --judge-model my-judge
 
@@ -24,6 +24,7 @@ inputs, roll out, score each group with RULER, train with GRPO.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import re
@@ -40,7 +41,7 @@ TASK = (
     "(no quotes, no greeting, no explanation) and leave nothing out."
 )
 GENERATE = "Write {k} different sentences a user could send to this system, one per line. No numbering, no explanations."
-MAX_GENERATION_CALLS = 60
+MAX_GENERATION_CALLS = 400
 WORDS = (3, 16)
 """An input's length bounds, in words."""
 
@@ -53,23 +54,28 @@ def clean(line: str) -> str | None:
     return line
 
 
-async def generate_inputs(model: tracerl.TrainableModel, n: int, *, seed: int, k: int = 8) -> list[str]:
-    """``n`` distinct inputs for :data:`TASK`, asked of ``model`` ``k`` at a time (T=1, seeded)."""
+async def generate_inputs(model: tracerl.TrainableModel, n: int, *, seed: int, k: int = 8, concurrency: int = 8) -> list[str]:
+    """``n`` distinct inputs for :data:`TASK`, asked of ``model`` ``k`` at a time (T=1, seeded; ``concurrency`` calls at once)."""
     client = model.openai_client()
+    messages = [{"role": "system", "content": f"Task description:\n{TASK}"}, {"role": "user", "content": GENERATE.format(k=k)}]
+
+    async def ask(call: int) -> str:
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=messages, temperature=1.0, seed=seed * 10_000 + call, max_completion_tokens=160
+        )
+        return completion.choices[0].message.content or ""
+
     found: dict[str, str] = {}
     calls = 0
     while len(found) < n:
-        if calls == MAX_GENERATION_CALLS:
+        if calls >= MAX_GENERATION_CALLS:
             raise RuntimeError(f"the generator wrote {len(found)} usable distinct inputs in {calls} calls; {n} are needed")
-        completion = await client.chat.completions.create(
-            model=model.get_inference_name(), temperature=1.0, seed=seed * 1000 + calls, max_completion_tokens=160,
-            messages=[{"role": "system", "content": f"Task description:\n{TASK}"}, {"role": "user", "content": GENERATE.format(k=k)}],
-        )  # fmt: skip
-        calls += 1
-        for line in (completion.choices[0].message.content or "").splitlines():
-            text = clean(line)
-            if text is not None:
-                found.setdefault(text.lower(), text)
+        for reply in await asyncio.gather(*(ask(calls + i) for i in range(concurrency))):
+            for line in reply.splitlines():
+                text = clean(line)
+                if text is not None:
+                    found.setdefault(text.lower(), text)
+        calls += concurrency
     return list(found.values())[:n]
 
 
@@ -152,7 +158,8 @@ async def main(args: argparse.Namespace) -> tracerl.TrainableModel:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = gallery.parser(__doc__, steps=13)
+    p = gallery.parser(__doc__, steps=10)
+    p.set_defaults(rollouts=4)  # the 135M judge answers a group of 4 in ~15 s; of 8, often not before max_tokens
     p.add_argument("--train-inputs", type=int, default=128)
     p.add_argument("--val-inputs", type=int, default=64)
     p.add_argument("--judge", default=None, help="a LiteLLM model string (default: the policy judges itself)")
