@@ -122,7 +122,7 @@ def test_the_documented_matrix_is_the_tested_one():
     rows = {line.split("|")[1].strip().strip("`"): line for line in DOC.read_text().splitlines() if line.startswith("| `")}
     for name, (arguments, rounds, second) in EXPECTED.items():
         row = rows[name]
-        assert CELLS[arguments] in row, (name, row)
+        assert CELLS[arguments] in row and (f"`{FORMATS[name]}`" if FORMATS[name] else "| none |") in row, (name, row)
         for breaks in (rounds, second):
             assert ("kept" if not breaks else ", ".join(f"{cause} ×{n}" for cause, n in breaks.items())) in row, (name, row)
 
@@ -138,3 +138,31 @@ def test_arguments_that_are_not_a_json_object_stay_strings(family):
     arguments = [c["function"]["arguments"] for c in template_messages(tokenizer, calls)[0]["tool_calls"]]
     assert arguments == ["not json", "[1]", {"a": 1} if EXPECTED[name][0] == "object" else '{"a": 1}']
     assert calls[0]["tool_calls"][2]["function"]["arguments"] == '{"a": 1}'  # the caller's messages are not changed
+
+
+FORMATS = {"qwen3": "hermes", "qwen2.5": "hermes", "gemma3": None, "gptoss": "harmony", "llama3": "llama3", "mistral": "mistral"}
+"""The tool-call format each family's template renders (``tracerl.inference.tool_formats.detect_format``)."""
+
+
+def test_each_sampled_turn_reads_back_as_the_message_it_was(family):
+    """Decoded with its special tokens, each forced turn parses back into its message: the calls'
+    names and arguments, the text, and the reasoning (Qwen3's ``<think>``, gpt-oss's analysis)."""
+    import json
+
+    from tracerl.families.models import ARCHITECTURES
+    from tracerl.inference.tool_formats import detect_format, parse_turn
+
+    name, tokenizer = family
+    assert detect_format(tokenizer) == FORMATS[name]
+    if FORMATS[name] is None:
+        return
+    messages, tools = family_conversation(name, follow_up=False)
+    for choice in (c for c in forced_turns(tokenizer, name, messages, tools) if isinstance(c, tracerl.Choice)):
+        text = tokenizer.decode(choice.token_ids, skip_special_tokens=False)
+        parsed = parse_turn(text, FORMATS[name], end_markers=ARCHITECTURES[name].stops)
+        message = choice.message
+        wanted = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls] == wanted, text
+        assert (parsed.content or "") == (message.get("content") or ""), text
+        if name in ("qwen3", "gptoss"):
+            assert parsed.reasoning_content == (message.get("reasoning_content") or message.get("thinking")), text

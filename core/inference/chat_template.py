@@ -22,23 +22,27 @@ _PROBE = [
         {"id": "call00001", "type": "function", "function": {"name": "probe", "arguments": _PROBE_ARGUMENTS}}]},
 ]  # fmt: skip  (a 9-character call id, as Mistral's template requires)
 _PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "probe", "parameters": {"type": "object", "properties": {}}}}]
-_verdicts: dict[str, bool] = {}
+_renderings: dict[str, str] = {}
+
+
+def probe_rendering(tokenizer: Any) -> str:
+    """``tokenizer``'s chat template's rendering of a probe tool call ``probe({"probe": 1})`` with its
+    string arguments ("" when the template cannot render a tool call); rendered once per template text."""
+    template = getattr(tokenizer, "chat_template", None)
+    key = template if isinstance(template, str) else repr(template)
+    if key not in _renderings:
+        try:
+            _renderings[key] = tokenizer.apply_chat_template(_PROBE, tools=_PROBE_TOOLS, tokenize=False)
+        except Exception:  # noqa: BLE001 - no tool support in this template
+            _renderings[key] = ""
+    return _renderings[key]
 
 
 def wants_object_arguments(tokenizer: Any) -> bool:
-    """Whether ``tokenizer``'s chat template quotes a string ``arguments`` (then it is given objects).
-
-    Decided once per template text, by rendering a probe call; a template that cannot render the
-    probe (no tool support) keeps strings."""
-    template = getattr(tokenizer, "chat_template", None)
-    key = template if isinstance(template, str) else repr(template)
-    if key not in _verdicts:
-        try:
-            text = tokenizer.apply_chat_template(_PROBE, tools=_PROBE_TOOLS, tokenize=False)
-        except Exception:  # noqa: BLE001 - no tool support in this template: nothing to convert
-            text = ""
-        _verdicts[key] = _PROBE_ARGUMENTS not in text and json.dumps(_PROBE_ARGUMENTS) in text
-    return _verdicts[key]
+    """Whether ``tokenizer``'s chat template quotes a string ``arguments`` (then it is given objects);
+    a template that cannot render the probe (no tool support) keeps strings."""
+    text = probe_rendering(tokenizer)
+    return _PROBE_ARGUMENTS not in text and json.dumps(_PROBE_ARGUMENTS) in text
 
 
 def template_messages(tokenizer: Any, messages: list[Any]) -> list[Any]:
