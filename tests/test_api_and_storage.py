@@ -30,6 +30,8 @@ EXPECTED_ALL = {
     "with_worked_examples",
     # serverless: a Backend over any Tinker-API service (tracerl.tinker.backend)
     "TinkerBackend",
+    # ART's type names, for code written against ART
+    "Messages", "MessageOrChoice", "MessagesAndChoices", "Tools",
 }
 
 

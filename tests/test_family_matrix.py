@@ -17,9 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_family_training import TOOLS, conversation
-
 import tracerl
+from family_helpers import family_conversation, forced_turns
 from tracerl.families.files import is_installed, last_failure
 from tracerl.inference.chat_template import wants_object_arguments
 from tracerl.train.tokenization import TokenizeStats, render_ids, tokenize_trajectory
@@ -38,49 +37,6 @@ EXPECTED = {
 }
 """Gemma 3's template has no tool format (``None``): its conversation is plain turns."""
 CELLS = {"string": "strings, verbatim", "object": "objects", None: "no tool format"}
-
-
-def _plain(follow_up: bool) -> list[dict]:
-    turns = [("Weather in Paris?", "Sunny."), ("And Rome?", "Rainy.")] + ([("Thanks.", "Welcome.")] if follow_up else [])
-    return [m for q, a in turns for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
-
-
-def family_conversation(family: str, *, follow_up: bool) -> tuple[list[dict], list | None]:
-    """The family's conversation and tools: reasoning, two tool rounds and an answer (gpt-oss: the
-    tool rounds, its reasoning in ``thinking``; a second question comes before them); Gemma 3: plain turns."""
-    if family == "gemma3":
-        return _plain(follow_up), None
-    messages = conversation("Paris is sunny, Rome is rainy.", follow_up=follow_up)
-    if family == "gptoss":
-        rounds = [{**{k: v for k, v in m.items() if k != "reasoning_content"}, "thinking": m["reasoning_content"]}
-                  if "reasoning_content" in m else m for m in messages[:6]]  # fmt: skip
-        if follow_up:
-            rounds = [*rounds[:2], {"role": "assistant", "content": "Checking.", "thinking": "Say so."},
-                      {"role": "user", "content": "Go on."}, *rounds[2:]]  # fmt: skip
-        return rounds, TOOLS
-    return messages, TOOLS
-
-
-def forced_turns(tokenizer, family: str, messages: list[dict], tools: list | None) -> list:
-    """The conversation's items, each assistant turn a ``Choice`` of the template's own tokens for it."""
-    from tracerl.families.models import stop_token_ids
-
-    stops = set(stop_token_ids(tokenizer, family))
-    items: list = []
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            items.append(message)
-            continue
-        prompt = render_ids(tokenizer, messages[:i], tools, add_generation_prompt=True)
-        full = render_ids(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
-        start = len(prompt)
-        if full[:start] != prompt:  # the template moved something (Mistral: the system text to the last question)
-            start = max(k for k in range(2, len(full) + 1) if full[k - 2 : k] == prompt[-2:])  # after the generation prompt
-        completion = full[start:]
-        end = next(k for k, token in enumerate(completion) if token in stops)
-        items.append(tracerl.Choice(message=message, token_ids=completion[: end + 1], prompt_token_ids=prompt,
-                                    logprobs=[-1.0] * (end + 1)))  # fmt: skip
-    return items
 
 
 @pytest.fixture(scope="module", params=list(EXPECTED))

@@ -1,0 +1,77 @@
+"""Conversations of the families' tests (``test_family_matrix.py``, ``test_family_training.py``): each
+assistant turn forced to be the template's own rendering of it."""
+
+from __future__ import annotations
+
+import tracerl
+from tracerl.train.tokenization import render_ids
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}}]  # fmt: skip
+
+
+def _call(i: int, city: str) -> dict:
+    return {"id": f"call{i:05d}", "type": "function", "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'}}
+
+
+def conversation(answer: str, *, follow_up: bool = False, system: str = "You are terse.") -> list[dict]:
+    """Two tool rounds, each after reasoning, then an answer after reasoning (and, with ``follow_up``, a second question)."""
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Weather in Paris, then Rome?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Paris first.", "tool_calls": [_call(1, "Paris")]},
+        {"role": "tool", "tool_call_id": "call00001", "content": "sunny"},
+        {"role": "assistant", "content": "", "reasoning_content": "Now Rome.", "tool_calls": [_call(2, "Rome")]},
+        {"role": "tool", "tool_call_id": "call00002", "content": "rainy"},
+        {"role": "assistant", "content": answer, "reasoning_content": "Both are known."},
+    ]
+    if follow_up:
+        messages += [{"role": "user", "content": "And tomorrow?"},
+                     {"role": "assistant", "content": "No forecast.", "reasoning_content": "Nothing to call for that."}]  # fmt: skip
+    return messages
+
+
+def _plain(follow_up: bool, first: str) -> list[dict]:
+    turns = [(first, "Sunny."), ("And Rome?", "Rainy.")] + ([("Thanks.", "Welcome.")] if follow_up else [])
+    return [m for q, a in turns for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
+
+
+def family_conversation(family: str, *, follow_up: bool, variant: int = 0) -> tuple[list[dict], list | None]:
+    """The family's conversation and tools: reasoning, two tool rounds and an answer (gpt-oss: the
+    tool rounds, its reasoning in ``thinking``; a second question comes before them); Gemma 3: plain
+    turns.  ``variant`` 1 words the first message otherwise (a different trajectory of the same shape)."""
+    if family == "gemma3":
+        return _plain(follow_up, ["Weather in Paris?", "How is Paris today?"][variant]), None
+    messages = conversation("Paris is sunny, Rome is rainy.", follow_up=follow_up, system=["You are terse.", "Be brief."][variant])
+    if family == "gptoss":
+        rounds = [{**{k: v for k, v in m.items() if k != "reasoning_content"}, "thinking": m["reasoning_content"]}
+                  if "reasoning_content" in m else m for m in messages[:6]]  # fmt: skip
+        if follow_up:
+            rounds = [*rounds[:2], {"role": "assistant", "content": "Checking.", "thinking": "Say so."},
+                      {"role": "user", "content": "Go on."}, *rounds[2:]]  # fmt: skip
+        return rounds, TOOLS
+    return messages, TOOLS
+
+
+def forced_turns(tokenizer, family: str, messages: list[dict], tools: list | None) -> list:
+    """The conversation's items, each assistant turn a ``Choice`` of the template's own tokens for it."""
+    from tracerl.families.models import stop_token_ids
+
+    stops = set(stop_token_ids(tokenizer, family))
+    items: list = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            items.append(message)
+            continue
+        prompt = render_ids(tokenizer, messages[:i], tools, add_generation_prompt=True)
+        full = render_ids(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
+        start = len(prompt)
+        if full[:start] != prompt:  # the template moved something (Mistral: the system text to the last question)
+            start = max(k for k in range(2, len(full) + 1) if full[k - 2 : k] == prompt[-2:])  # after the generation prompt
+        completion = full[start:]
+        end = next(k for k, token in enumerate(completion) if token in stops)
+        items.append(tracerl.Choice(message=message, token_ids=completion[: end + 1], prompt_token_ids=prompt,
+                                    logprobs=[-1.0] * (end + 1)))  # fmt: skip
+    return items
