@@ -23,6 +23,15 @@ the check runs on a CPU in seconds (the test suite runs ``--device cpu --tiny``)
 
     python bench/gpu_check.py                       # on a GPU machine: ~2-4 min on one H100/H200
     python bench/gpu_check.py --device cpu --tiny   # the smoke version (seconds)
+
+``--families all`` measures the six families of :mod:`tracerl.families` instead: each family's
+real architecture class and structural settings, its real tokenizer and chat template, at
+``--sizes`` (``0.5b`` by default; ``1.5b`` and ``8b`` are Qwen2.5-1.5B's and Llama-3.1-8B's widths
+and depths), bf16 on a GPU.  The decode prompts go through the family's own chat template.
+
+    python bench/gpu_check.py --families all                        # six families at ~0.5B (GPU)
+    python bench/gpu_check.py --families qwen3 --sizes 0.5b,1.5b,8b # one family at three sizes
+    python bench/gpu_check.py --device cpu --tiny --families all    # the smoke version (the suite)
 """
 
 from __future__ import annotations
@@ -236,11 +245,45 @@ def measure_decode(folder: Path, shape: dict[str, Any], args: argparse.Namespace
     return result
 
 
-def run_shape(name: str, shape: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix=f"tracerl-gpu-check-{name}-") as tmp:
+def write_family_model(name: str, folder: Path, device: str) -> tuple[int, dict[str, Any]]:
+    """Save a random model of family ``name`` (``family:size``) with its real tokenizer and template."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from tracerl.families.models import write_random_model as write_family
+
+    family, size = name.split(":")
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    write_family(family, folder, shape=size, dtype=dtype, device=device)
+    config = AutoConfig.from_pretrained(folder)
+    parameters = _saved_parameters(folder)
+    # token ids drawn below stay inside the tokenizer (the embedding rows are padded past it)
+    shape = {"vocab_size": len(AutoTokenizer.from_pretrained(folder)), "architecture": config.architectures[0],
+             **{k: getattr(config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers")}}
+    return parameters, shape
+
+
+def _saved_parameters(folder: Path) -> int:
+    """Parameters in the saved weights, read from the safetensors headers (nothing is loaded)."""
+    import math
+
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(file, framework="pt") as f:
+            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
+    return total
+
+
+def run_shape(name: str, shape: dict[str, Any] | None, args: argparse.Namespace) -> dict[str, Any]:
+    """Build the random model ``name`` (a Llama ``shape``, or ``family:size`` when ``shape`` is None) and measure it."""
+    with tempfile.TemporaryDirectory(prefix=f"tracerl-gpu-check-{name.replace(':', '-')}-") as tmp:
         folder = Path(tmp)
         started = time.perf_counter()
-        parameters = write_random_model(shape, folder, args.device)
+        if shape is None:
+            parameters, shape = write_family_model(name, folder, args.device)
+        else:
+            parameters = write_random_model(shape, folder, args.device)
         out: dict[str, Any] = {"shape": name, "config": shape, "parameters": parameters,
                                "build_s": time.perf_counter() - started}
         out["train"] = measure_train(folder, shape, args)
@@ -262,9 +305,32 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
-def worker(args: argparse.Namespace) -> None:
+def targets(args: argparse.Namespace) -> dict[str, dict[str, Any] | None]:
+    """The models to measure: Llama ``--shapes``, and ``family:size`` for each of ``--families`` × ``--sizes``
+    (None: the family's own architecture and tokenizer, :mod:`tracerl.families.models`)."""
+    from tracerl.families.models import ARCHITECTURES
+    from tracerl.families.models import SHAPES as FAMILY_SIZES
+
     shapes = TINY_SHAPES if args.tiny else SHAPES
-    result = run_shape(args.worker, shapes[args.worker], args)
+    chosen: dict[str, dict[str, Any] | None] = {}
+    if args.shapes or not args.families:
+        names = args.shapes.split(",") if args.shapes else list(shapes)
+        unknown = [n for n in names if n not in shapes]
+        if unknown:
+            raise SystemExit(f"unknown shape(s) {unknown}; choose from {list(shapes)}")
+        chosen.update({n: shapes[n] for n in names})
+    if args.families:
+        families = list(ARCHITECTURES) if args.families == "all" else args.families.split(",")
+        sizes = ["tiny"] if args.tiny else args.sizes.split(",")
+        unknown = [f for f in families if f not in ARCHITECTURES] + [s for s in sizes if s not in FAMILY_SIZES]
+        if unknown:
+            raise SystemExit(f"unknown famil(ies)/size(s) {unknown}; families: {list(ARCHITECTURES)}, sizes: {list(FAMILY_SIZES)}")
+        chosen.update({f"{family}:{size}": None for family in families for size in sizes})
+    return chosen
+
+
+def worker(args: argparse.Namespace) -> None:
+    result = run_shape(args.worker, targets(args)[args.worker], args)
     result["vllm_imported"] = "vllm" in sys.modules
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -303,7 +369,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes and work: the CPU smoke version")
-    p.add_argument("--shapes", default=None, help="comma-separated subset of the shape names")
+    p.add_argument("--shapes", default=None, help="comma-separated subset of the Llama shape names")
+    p.add_argument("--families", default=None,
+                   help="'all' or comma-separated families (qwen3, qwen2.5, gemma3, gptoss, llama3, mistral): their real "
+                        "architectures and tokenizers (make install-model-files), instead of the Llama shapes")
+    p.add_argument("--sizes", default="0.5b", help="family model sizes: tiny, 0.5b, 1.5b, 8b (--tiny: tiny)")
     p.add_argument("--groups", type=int, default=None)
     p.add_argument("--group-size", type=int, default=None)
     p.add_argument("--prompt-tokens", type=int, default=None)
@@ -332,11 +402,8 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    shapes = TINY_SHAPES if args.tiny else SHAPES
-    names = args.shapes.split(",") if args.shapes else list(shapes)
-    unknown = [n for n in names if n not in shapes]
-    if unknown:
-        raise SystemExit(f"unknown shape(s) {unknown}; choose from {list(shapes)}")
+    shapes = targets(args)
+    names = list(shapes)
     started = time.perf_counter()
     report: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "worker"},
                               "environment": environment(args.device), "shapes": []}

@@ -49,6 +49,43 @@ def resolve_base_model(spec: str) -> Path:
     return _from_hub(spec)
 
 
+def with_chat_template(folder: Path, template: str) -> Path:
+    """``folder`` as a model whose chat template is ``template`` (Jinja text, or a ``.jinja`` file's path).
+
+    The override must reach every rendering (both servers, the trainer's tokenization, vLLM, an
+    export), so it is written where they all read a template: a folder in the cache that links
+    every file of ``folder`` and holds a ``tokenizer_config.json`` and ``chat_template.jinja`` with
+    ``template``.  The same folder and template give the same path (made once)."""
+    import hashlib
+    import json
+    import tempfile
+
+    if template.endswith(".jinja") and "\n" not in template:
+        path = Path(template).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"chat_template {template!r} looks like a file name, but there is no such file")
+        template = path.read_text()
+    key = hashlib.sha256(f"{folder.resolve()}\0{template}".encode()).hexdigest()[:16]
+    target = cache_dir() / "templated" / f"{folder.name}-{key}"
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    for item in folder.iterdir():
+        if item.name not in ("tokenizer_config.json", "chat_template.jinja", "chat_template.json"):
+            (tmp / item.name).symlink_to(item.resolve())
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config["chat_template"] = template
+    (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    (tmp / "chat_template.jinja").write_text(template)
+    try:
+        tmp.rename(target)
+    except OSError:  # made meanwhile by another process: theirs is the same
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def _from_hub(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download

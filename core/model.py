@@ -180,7 +180,22 @@ class TrainableModel(Model):
         inference_base_url: str | None = None,
         inference_api_key: str | None = None,
         inference_timeout: float | None = DEFAULT_INFERENCE_TIMEOUT,
+        chat_template: str | None = None,
+        tool_call_parser: str | None = "auto",
+        reasoning_parser: str | None = "auto",
     ) -> None:
+        """``base_model``: ``"smollm2-135m"`` (embedded), a local Hugging Face folder, or a hub id.
+
+        Serving settings, for the model's family (docs/supported-models.md); the defaults read them
+        from the model's own chat template:
+
+        - ``chat_template``: a Jinja template (text, or a ``.jinja`` file) used instead of the model's,
+          for serving and training alike;
+        - ``tool_call_parser``: how sampled tool calls are read: ``"auto"``, ``"hermes"``,
+          ``"llama3"``, ``"mistral"``, ``"harmony"``, or None (left as text);
+        - ``reasoning_parser``: ``"auto"`` (where the template writes reasoning back), ``"think"``
+          (``<think>`` blocks) or None; the reply's reasoning becomes ``reasoning_content``.
+        """
         super().__init__(
             name,
             project,
@@ -189,12 +204,29 @@ class TrainableModel(Model):
             base_path=base_path,
             inference_timeout=inference_timeout,
         )
+        from .inference.tool_formats import FORMATS
+
+        if tool_call_parser not in ("auto", None, *FORMATS):
+            raise ConfigError(f"tool_call_parser must be 'auto', None or one of {', '.join(FORMATS)}; got {tool_call_parser!r}")
+        if reasoning_parser not in ("auto", "think", None):
+            raise ConfigError(f"reasoning_parser must be 'auto', 'think' or None; got {reasoning_parser!r}")
+        if chat_template is not None and (not isinstance(chat_template, str) or not chat_template.strip()):
+            raise ConfigError("chat_template must be a Jinja template (text, or a .jinja file's path)")
+        self.chat_template = chat_template
+        self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser
         if not base_model:
             raise ConfigError("base_model must name a model, e.g. 'smollm2-135m' or a local HF folder")
         self.base_model = base_model
         lora_values(lora_config)  # a bad rank or dropout fails here, not at the first train step
         self.lora_config = dict(lora_config or {})
         self._step_cache: int | None = None
+
+    @property
+    def serving_settings(self) -> dict[str, Any]:
+        """``chat_template``, ``tool_call_parser`` and ``reasoning_parser``, as a backend passes them on."""
+        return {"chat_template": self.chat_template, "tool_call_parser": self.tool_call_parser,
+                "reasoning_parser": self.reasoning_parser}  # fmt: skip
 
     def get_inference_name(self, step: int | None = None) -> str:
         """``"name@step"``; the latest step when ``step`` is None."""

@@ -56,6 +56,9 @@ def message_dict(message: Any) -> dict[str, Any]:
     if isinstance(message, dict):
         return message
     out: dict[str, Any] = {"content": getattr(message, "content", None)}
+    reasoning = extra_field(message, "reasoning_content")  # vLLM's and tracerl's servers' reasoning field
+    if isinstance(reasoning, str):
+        out["reasoning_content"] = reasoning
     calls = getattr(message, "tool_calls", None)
     if calls:
         out["tool_calls"] = [openai_tool_call(getattr(c, "id", None), c.function.name, c.function.arguments) for c in calls]

@@ -1,7 +1,8 @@
 """OpenAI chat messages <-> GenAI semantic-convention messages (role + parts).
 
-Semconv: ``{"role", "parts": [{"type": "text", "content"}, {"type": "tool_call", "id",
-"name", "arguments"}, {"type": "tool_call_response", "id", "response"}]}``; output
+Semconv: ``{"role", "parts": [{"type": "reasoning", "content"}, {"type": "text", "content"},
+{"type": "tool_call", "id", "name", "arguments"}, {"type": "tool_call_response", "id", "response"}]}``
+(a message's ``reasoning_content``, vLLM's field, is its reasoning part); output
 messages also carry ``finish_reason``.  Tool-call arguments are kept as the exact string
 the model produced.  Also reads OpenInference's flattened ``llm.*_messages.N.*`` form.
 """
@@ -36,6 +37,8 @@ def to_semconv(message: Any) -> dict[str, Any]:
     role = message.get("role", "user")
     parts: list[dict[str, Any]] = []
     content = message.get("content")
+    if isinstance(message.get("reasoning_content"), str):
+        parts.append({"type": "reasoning", "content": message["reasoning_content"]})
     if role == "tool":
         parts.append({"type": "tool_call_response", "id": message.get("tool_call_id"), "response": content})
     elif isinstance(content, str):
@@ -71,6 +74,8 @@ def from_semconv(message: Mapping[str, Any]) -> dict[str, Any]:
         kind = part.get("type")
         if kind == "text":
             texts.append(part.get("content") or "")
+        elif kind == "reasoning":
+            out["reasoning_content"] = part.get("content") or ""
         elif kind == "tool_call":
             arguments = part.get("arguments")
             if not isinstance(arguments, str):

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 from opentelemetry import trace
 
-from .health import guard
 from .completions import extra_field, field, ints, logprob_values
+from .health import guard
 from .messages import openai_tool_call
 from .spans import ChatAnswer, end_chat_span
 
@@ -36,11 +36,14 @@ class ChunkAccumulator:
             self.usage = usage
         for choice in field(chunk, "choices") or ():
             index = field(choice, "index") or 0
-            state = self.choices.setdefault(index, {"content": [], "calls": {}, "finish_reason": None})
+            state = self.choices.setdefault(index, {"content": [], "reasoning": [], "calls": {}, "finish_reason": None})
             delta = field(choice, "delta")
             content = field(delta, "content")
             if content:
                 state["content"].append(content)
+            reasoning = extra_field(delta, "reasoning_content")
+            if isinstance(reasoning, str):
+                state["reasoning"].append(reasoning)
             for call in field(delta, "tool_calls") or ():
                 slot = state["calls"].setdefault(field(call, "index") or 0, {"id": None, "name": [], "arguments": []})
                 slot["id"] = slot["id"] or field(call, "id")
@@ -68,6 +71,8 @@ class ChunkAccumulator:
         for index in sorted(self.choices):
             state = self.choices[index]
             message: dict[str, Any] = {"role": "assistant", "content": "".join(state["content"]) or None}
+            if state["reasoning"]:
+                message["reasoning_content"] = "".join(state["reasoning"])
             calls = [openai_tool_call(slot["id"], "".join(slot["name"]), "".join(slot["arguments"]))
                      for _, slot in sorted(state["calls"].items())]  # fmt: skip
             if calls:

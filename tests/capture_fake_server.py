@@ -38,6 +38,8 @@ class Reply:
     """Start the response, then drop the connection mid-body (the server "vanishes")."""
     hang: bool = False
     """Never answer (until the server stops)."""
+    reasoning: str | None = None
+    """The reply's ``reasoning_content`` (as vLLM's reasoning parsers and tracerl's servers send it)."""
 
 
 def default_script(body: dict[str, Any]) -> Reply:
@@ -145,9 +147,11 @@ class FakeOpenAIServer(LoopbackApp):
             for name, args in reply.tool_calls
         ]
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.reasoning is not None:
+            message["reasoning_content"] = reply.reasoning
         if calls:
             message["tool_calls"] = calls
-        sampled = (reply.content or "") + "".join(
+        sampled = (f"<think>{reply.reasoning}</think>" if reply.reasoning is not None else "") + (reply.content or "") + "".join(
             f"<tool_call>{c['function']['name']}{c['function']['arguments']}</tool_call>" for c in calls
         )
         ids = fake_token_ids(sampled) + [2]
@@ -193,6 +197,9 @@ class FakeOpenAIServer(LoopbackApp):
             if self.prompt_ids_on_choice:
                 first["choices"][0]["prompt_token_ids"] = response["prompt_token_ids"]
         yield f"data: {json.dumps(first)}\n\n"
+        reasoning = message.get("reasoning_content") or ""
+        for piece in (reasoning[i : i + 4] for i in range(0, len(reasoning), 4)):
+            yield f"data: {json.dumps({**base, 'choices': [{'index': 0, 'delta': {'reasoning_content': piece}, 'finish_reason': None}]})}\n\n"
         # token ids / logprobs are spread over the content chunks; the rest go with the last chunk
         per_piece = max(1, len(ids) // (len(pieces) + 1)) if ids else 0
         cursor = 0

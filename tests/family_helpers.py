@@ -39,15 +39,15 @@ def _plain(follow_up: bool, first: str) -> list[dict]:
 
 
 def family_conversation(family: str, *, follow_up: bool, variant: int = 0) -> tuple[list[dict], list | None]:
-    """The family's conversation and tools: reasoning, two tool rounds and an answer (gpt-oss: the
-    tool rounds, its reasoning in ``thinking``; a second question comes before them); Gemma 3: plain
+    """The family's conversation and tools: reasoning, two tool rounds and an answer (gpt-oss: its
+    reasoning in ``thinking``; a second question comes before the tool rounds); Gemma 3: plain
     turns.  ``variant`` 1 words the first message otherwise (a different trajectory of the same shape)."""
     if family == "gemma3":
         return _plain(follow_up, ["Weather in Paris?", "How is Paris today?"][variant]), None
     messages = conversation("Paris is sunny, Rome is rainy.", follow_up=follow_up, system=["You are terse.", "Be brief."][variant])
     if family == "gptoss":
         rounds = [{**{k: v for k, v in m.items() if k != "reasoning_content"}, "thinking": m["reasoning_content"]}
-                  if "reasoning_content" in m else m for m in messages[:6]]  # fmt: skip
+                  if "reasoning_content" in m else m for m in messages[:7]]  # fmt: skip
         if follow_up:
             rounds = [*rounds[:2], {"role": "assistant", "content": "Checking.", "thinking": "Say so."},
                       {"role": "user", "content": "Go on."}, *rounds[2:]]  # fmt: skip
@@ -71,7 +71,18 @@ def forced_turns(tokenizer, family: str, messages: list[dict], tools: list | Non
         if full[:start] != prompt:  # the template moved something (Mistral: the system text to the last question)
             start = max(k for k in range(2, len(full) + 1) if full[k - 2 : k] == prompt[-2:])  # after the generation prompt
         completion = full[start:]
+        if family == "gptoss" and i == len(messages) - 1 and message.get("thinking") and not message.get("tool_calls"):
+            completion = _harmony_final(tokenizer, message)
         end = next(k for k, token in enumerate(completion) if token in stops)
         items.append(tracerl.Choice(message=message, token_ids=completion[: end + 1], prompt_token_ids=prompt,
                                     logprobs=[-1.0] * (end + 1)))  # fmt: skip
     return items
+
+
+def _harmony_final(tokenizer, message: dict) -> list[int]:
+    """A gpt-oss final answer as the model samples it: its analysis, then the final channel.  (The
+    template renders a final message of the history without its analysis, so the rendering is not
+    what was sampled; the turn is the last of its conversation, so nothing is rendered after it.)"""
+    text = (f"<|channel|>analysis<|message|>{message['thinking']}<|end|>"
+            f"<|start|>assistant<|channel|>final<|message|>{message['content']}<|return|>")  # fmt: skip
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

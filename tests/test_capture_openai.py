@@ -141,3 +141,25 @@ async def test_gather_and_tasks_inherit_the_rollout(server, client):
         )
     finals = sorted(h.messages_and_choices[-1].message["content"] for h in r.trajectory.histories())
     assert finals == ["answer: a", "answer: b", "answer: c"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_replys_reasoning_is_kept_in_its_turn(served_fake, stream):
+    """``reasoning_content`` (vLLM's reasoning parsers, tracerl's servers for Qwen3 and gpt-oss) stays on the
+    captured turn, whole or streamed, so the trainer's re-rendering shows the model its own reasoning."""
+    from capture_fake_server import FakeOpenAIServer, Reply
+
+    with FakeOpenAIServer(script=lambda body: Reply(content="Paris.", reasoning="The capital.")) as srv:
+        ti.register_endpoint(srv.base_url)
+        try:
+            client = AsyncOpenAI(base_url=srv.base_url, api_key="x")
+            async with ti.rollout() as r:
+                reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Capital?"}], stream=stream)
+                if stream:
+                    async for _ in reply:
+                        pass
+        finally:
+            ti.unregister_endpoint(srv.base_url)
+    (turn,) = sampled(r.trajectory)
+    assert turn.message["content"] == "Paris." and turn.message["reasoning_content"] == "The capital."
+    assert turn.token_ids == srv.responses[-1]["choices"][0]["token_ids"]

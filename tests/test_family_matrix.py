@@ -37,6 +37,8 @@ EXPECTED = {
 }
 """Gemma 3's template has no tool format (``None``): its conversation is plain turns."""
 CELLS = {"string": "strings, verbatim", "object": "objects", None: "no tool format"}
+REASONING = {"qwen3": "`<think>` → `reasoning_content`", "gptoss": "analysis channel → `reasoning_content`"}
+"""The families whose replies' reasoning the servers split off (the template writes it back); the rest: none."""
 
 
 @pytest.fixture(scope="module", params=list(EXPECTED))
@@ -79,6 +81,7 @@ def test_the_documented_matrix_is_the_tested_one():
     for name, (arguments, rounds, second) in EXPECTED.items():
         row = rows[name]
         assert CELLS[arguments] in row and (f"`{FORMATS[name]}`" if FORMATS[name] else "| none |") in row, (name, row)
+        assert f"| {REASONING.get(name, 'none')} |" in row, (name, row)
         for breaks in (rounds, second):
             assert ("kept" if not breaks else ", ".join(f"{cause} ×{n}" for cause, n in breaks.items())) in row, (name, row)
 
@@ -101,24 +104,50 @@ FORMATS = {"qwen3": "hermes", "qwen2.5": "hermes", "gemma3": None, "gptoss": "ha
 
 
 def test_each_sampled_turn_reads_back_as_the_message_it_was(family):
-    """Decoded with its special tokens, each forced turn parses back into its message: the calls'
-    names and arguments, the text, and the reasoning (Qwen3's ``<think>``, gpt-oss's analysis)."""
+    """Each forced turn, read by the servers' own reader (its token ids, and their text as the server
+    decodes it) comes back as its message: the calls' names and arguments, the text, and the reasoning
+    where the family writes it back (Qwen3's ``<think>``, gpt-oss's analysis channel), nowhere else."""
     import json
 
-    from tracerl.families.models import ARCHITECTURES
-    from tracerl.inference.tool_formats import detect_format, parse_turn
+    from tracerl.families.models import stop_token_ids
+    from tracerl.inference.tool_formats import detect_format
+    from tracerl.inference.turns import TurnReader
 
     name, tokenizer = family
     assert detect_format(tokenizer) == FORMATS[name]
-    if FORMATS[name] is None:
-        return
+    reader = TurnReader.for_tokenizer(tokenizer, end_ids=set(stop_token_ids(tokenizer, name)))
+    assert reader.settings == {"tool_call_parser": FORMATS[name] or "hermes", "reasoning": name in REASONING}
     messages, tools = family_conversation(name, follow_up=False)
     for choice in (c for c in forced_turns(tokenizer, name, messages, tools) if isinstance(c, tracerl.Choice)):
-        text = tokenizer.decode(choice.token_ids, skip_special_tokens=False)
-        parsed = parse_turn(text, FORMATS[name], end_markers=ARCHITECTURES[name].stops)
-        message = choice.message
+        shown = tokenizer.decode(choice.token_ids[:-1], skip_special_tokens=True)  # the engine's text: the end token dropped
+        read = reader.message(choice.token_ids, shown, parse_tools=tools is not None)
+        message, raw = choice.message, tokenizer.decode(choice.token_ids, skip_special_tokens=False)
         wanted = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
-        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls] == wanted, text
-        assert (parsed.content or "") == (message.get("content") or ""), text
-        if name in ("qwen3", "gptoss"):
-            assert parsed.reasoning_content == (message.get("reasoning_content") or message.get("thinking")), text
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in read.get("tool_calls", [])] == wanted, raw
+        assert (read["content"] or "") == (message.get("content") or ""), raw
+        assert read.get("reasoning_content") == (message.get("reasoning_content") or message.get("thinking") if reader.reasoning else None), raw
+
+
+def test_the_vllm_proxy_reads_a_reply_with_the_same_reader(family):
+    """vLLM is asked for text and token ids; its proxy reads the reply from the ids as the transformers
+    server does, so a family's tool calls come back as ``tool_calls`` from either server."""
+    from tracerl.families.models import stop_token_ids
+    from tracerl.inference.turns import TurnReader
+    from tracerl.inference.vllm_proxy import finish_chat_body
+
+    name, tokenizer = family
+    messages, tools = family_conversation(name, follow_up=False)
+    if tools is None:
+        pytest.skip(f"{name}'s template renders no tool calls")
+    reader = TurnReader.for_tokenizer(tokenizer, end_ids=set(stop_token_ids(tokenizer, name)))
+    choice = next(c for c in forced_turns(tokenizer, name, messages, tools) if isinstance(c, tracerl.Choice))
+    body = {"prompt_token_ids": choice.prompt_token_ids, "choices": [{
+        "index": 0, "finish_reason": "stop", "token_ids": choice.token_ids,
+        "message": {"role": "assistant", "content": tokenizer.decode(choice.token_ids, skip_special_tokens=True)}}]}  # fmt: skip
+    answer = finish_chat_body(body, True, reader)["choices"][0]
+    assert answer["finish_reason"] == "tool_calls"
+    assert [c["function"]["name"] for c in answer["message"]["tool_calls"]] == ["get_weather"]
+    assert answer["prompt_token_ids"] == choice.prompt_token_ids
+    untouched = finish_chat_body({"choices": [{"index": 0, "finish_reason": "stop", "token_ids": choice.token_ids,
+                                               "message": {"role": "assistant", "content": "plain"}}]}, False, reader)  # fmt: skip
+    assert "tool_calls" not in untouched["choices"][0]["message"]  # tool_choice "none": calls stay text

@@ -1,24 +1,25 @@
-"""A model family trained end to end: Qwen3's real tokenizer and template, a random Qwen3 (issue 32).
+"""Each model family served and trained end to end with its real tokenizer and template (issue 32).
 
-A randomly initialised ``Qwen3ForCausalLM`` (``tracerl.families.models``, shrunk) is served by
-tracerl's transformers server and trained by ``LocalBackend``.  Random weights never choose to think
-or call a tool, so each assistant turn of the conversation is forced: its tokens are the template's
-own rendering of the turn, scored through the serving path (``/v1/completions``, the route
-distillation uses), so the logprobs are the served policy's.  The conversation thinks before
-each of two tool rounds and before its answer; Qwen3's template keeps the reasoning of turns after
-the last user message, so the turns extend one another and every sampled token is trained in one
-sequence.  A second user question makes the template drop the earlier reasoning: the sequence
-breaks there, counted by cause, and the tokens on both sides are still trained, none re-rendered.
+A randomly initialised model of each family's real architecture (``tracerl.families.models``,
+shrunk) is served by tracerl's transformers server and trained by ``LocalBackend``.  Random
+weights never choose to think or call a tool, so each assistant turn of the conversation is
+forced: its tokens are the template's own rendering of the turn, scored through the serving path
+(``/v1/completions``, the route distillation uses), so the logprobs are the served policy's.  One
+GRPO step then trains every sampled token, each at its place with its served logprob, and the
+step's policy is served after it (the supported-models matrix's last column).
 
-Then each of the six families does the same through a served GRPO step (the supported-models
-matrix's last two columns): every sampled token trained, and the step's policy served after it.
+Qwen3 in detail: the conversation thinks before each of two tool rounds and before its answer;
+the template keeps the reasoning of turns after the last user message, so the turns extend one
+another in one sequence.  A second user question makes the template drop the earlier reasoning:
+the sequence breaks there, counted by cause, and the tokens on both sides are still trained.
+Last, ``TrainableModel``'s serving settings reach the server and the trainer.
 """
 
 from __future__ import annotations
 
 import pytest
 import tracerl
-from family_helpers import TOOLS, conversation, family_conversation, forced_turns
+from family_helpers import TOOLS, family_conversation, forced_turns
 from tracerl.families.files import is_installed, last_failure
 from tracerl.train.tokenization import TokenizeStats, tokenize_trajectory
 
@@ -47,42 +48,6 @@ def qwen3_folder(tmp_path_factory):
     return write_random_model("qwen3", tmp_path_factory.mktemp("qwen3-random"))
 
 
-async def test_qwen3_thinking_and_two_tool_rounds_train_with_no_drifted_token(qwen3_folder, tmp_path):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(qwen3_folder)
-    backend = tracerl.LocalBackend(tmp_path, inference="transformers")
-    model = tracerl.TrainableModel(name="qwen3-random", project="families", base_model=str(qwen3_folder))
-    try:
-        await model.register(backend)
-        right = await forced(model, tokenizer, conversation("Paris is sunny, Rome is rainy."), 1.0)
-        wrong = await forced(model, tokenizer, conversation("Both are sunny."), 0.0)
-        follow = await forced(model, tokenizer, conversation("Paris is sunny, Rome is rainy.", follow_up=True), 0.5)
-
-        for trajectory, breaks in ((right, {}), (follow, {"sampled_tokens_rerendered": 1})):
-            stats = TokenizeStats()
-            sequences = tokenize_trajectory(trajectory, tokenizer, stats=stats)
-            assert dict(stats.breaks) == breaks and len(sequences) == 1 + sum(breaks.values())
-            sampled = [c for c in trajectory.messages_and_choices if isinstance(c, tracerl.Choice)]
-            trained = [t for s in sequences for t, w in zip(s.token_ids, s.weights) if w > 0]
-            assert trained == [t for c in sampled for t in c.token_ids]  # every sampled token trained, none drifted
-            for choice in sampled:  # each at its place: right after exactly the prompt the server scored it with
-                start, end = len(choice.prompt_token_ids), len(choice.prompt_token_ids) + len(choice.token_ids)
-                assert any(s.token_ids[:start] == choice.prompt_token_ids and s.token_ids[start:end] == choice.token_ids
-                           and s.old_logprobs[start:end] == choice.logprobs for s in sequences)  # fmt: skip
-        think = tokenizer.convert_tokens_to_ids("<think>")
-        assert sum(c.token_ids.count(think) for c in right.messages_and_choices if isinstance(c, tracerl.Choice)) == 3
-
-        result = await backend.train(model, [tracerl.TrajectoryGroup([right, wrong, follow])], learning_rate=1e-3)
-        metrics = result.metrics
-        assert result.step == 1 and metrics["num_groups_trainable"] == 1
-        assert metrics["sequence_breaks/sampled_tokens_rerendered"] == 1 and metrics["sequence_breaks/total"] == 1
-        assert metrics["dropped_tokens/total"] == 0
-        assert metrics["trained_tokens"] == metrics["sampled_tokens"] > 0  # 100% (the issue asks for >= 90%)
-    finally:
-        await backend.close()
-
-
 FAMILIES = ["qwen3", "qwen2.5", "gemma3", "gptoss", "llama3", "mistral"]
 
 
@@ -108,7 +73,16 @@ async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(fa
             trajectories.append(await forced(model, tokenizer, messages, reward, family=family, tools=tools))
         stats = TokenizeStats()
         for trajectory in trajectories:
-            tokenize_trajectory(trajectory, tokenizer, stats=stats)
+            sequences = tokenize_trajectory(trajectory, tokenizer, stats=stats)
+            for choice in (c for c in trajectory.messages_and_choices if isinstance(c, tracerl.Choice)):
+                start, end = len(choice.prompt_token_ids), len(choice.prompt_token_ids) + len(choice.token_ids)
+                assert any(s.token_ids[:start] == choice.prompt_token_ids and s.token_ids[start:end] == choice.token_ids
+                           and s.old_logprobs[start:end] == choice.logprobs for s in sequences)  # fmt: skip
+                # ^ every sampled token at its place: right after exactly the prompt the server scored it with
+        if family == "qwen3":  # thinking before two tool rounds and the answer; the second question drops it
+            think = tokenizer.convert_tokens_to_ids("<think>")
+            assert sum(c.token_ids.count(think) for c in trajectories[0].messages_and_choices if isinstance(c, tracerl.Choice)) == 3
+            assert dict(stats.breaks) == {"sampled_tokens_rerendered": 1}
 
         result = await backend.train(model, [tracerl.TrajectoryGroup(trajectories)], learning_rate=1e-2)
         metrics = result.metrics
@@ -122,3 +96,35 @@ async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(fa
         assert len(after) == len(turn.token_ids) and after != turn.logprobs  # the step's policy is what is served now
     finally:
         await backend.close()
+
+
+async def test_serving_settings_reach_the_server_and_the_trainer(qwen3_folder, tmp_path):
+    """``TrainableModel``'s serving settings: a tool-call parser the template contradicts is refused at
+    registration; a chat-template override is what the server renders and what the trainer reads."""
+    from transformers import AutoTokenizer
+
+    backend = tracerl.LocalBackend(tmp_path / "runs", inference="transformers")
+    try:
+        wrong = tracerl.TrainableModel(name="wrong", project="families", base_model=str(qwen3_folder), tool_call_parser="mistral")
+        with pytest.raises(tracerl.ConfigError, match="writes tool calls as 'hermes'"):
+            await wrong.register(backend)
+
+        template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+        model = tracerl.TrainableModel(name="plain", project="families", base_model=str(qwen3_folder), chat_template=template)
+        await model.register(backend)
+        reply = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(), messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            extra_body={"return_token_ids": True},
+        )  # fmt: skip
+        tokenizer = AutoTokenizer.from_pretrained(qwen3_folder)
+        rendered = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        assert reply.model_extra["prompt_token_ids"] == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        info = model.run_dir.read_model_info()
+        assert info["chat_template"] == template and info["tool_call_parser"] == "auto"
+        assert AutoTokenizer.from_pretrained(info["resolved_base_model"]).chat_template == template  # the trainer's folder
+    finally:
+        await backend.close()
+
+    with pytest.raises(tracerl.ConfigError, match="tool_call_parser must be"):
+        tracerl.TrainableModel(name="x", project="families", base_model=str(qwen3_folder), tool_call_parser="xml")

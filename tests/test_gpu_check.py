@@ -1,9 +1,12 @@
-"""``bench/gpu_check.py --device cpu --tiny`` keeps working until a GPU machine runs the full check."""
+"""``bench/gpu_check.py --device cpu --tiny`` (Llama shapes, and ``--families all``) keeps working until a GPU
+machine runs the full check."""
 
 from __future__ import annotations
 
 import json
 import os
+
+import pytest
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +14,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path):
+FAMILIES = ["qwen3", "qwen2.5", "gemma3", "gptoss", "llama3", "mistral"]
+
+
+@pytest.mark.parametrize(
+    "selection, expected",
+    [
+        (["--shapes", "tiny-llama-shape"], ["tiny-llama-shape"]),
+        (["--families", "all"], [f"{family}:tiny" for family in FAMILIES]),
+    ],
+    ids=["llama-shape", "families-all"],
+)
+def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path, selection, expected):
+    if "--families" in selection:
+        from tracerl.families.files import is_installed, last_failure
+
+        missing = [f for f in FAMILIES if not is_installed(f)]
+        if missing:
+            pytest.skip(f"family files not installed ({missing}: {last_failure(missing[0])}); run make install-model-files")
     out = tmp_path / "gpu_check.json"
     env = {
         **os.environ,
@@ -20,7 +40,7 @@ def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path):
         "HF_HUB_OFFLINE": "1",
     }
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny", "--json", str(out)],
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny", *selection, "--json", str(out)],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -28,7 +48,7 @@ def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path):
     report = json.loads(out.read_text())
     assert report["vllm_imported"] is False
     assert report["environment"]["device"] == "cpu"
-    assert [s["shape"] for s in report["shapes"]] == ["tiny-smollm2-shape", "tiny-llama-shape"]
+    assert [s["shape"] for s in report["shapes"]] == expected
     for shape in report["shapes"]:
         train, decode = shape["train"], shape["decode"]
         assert shape["parameters"] > 0

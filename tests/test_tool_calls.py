@@ -102,6 +102,7 @@ def test_rerendering_a_parsed_turn_reproduces_the_sampled_text():
 
 def test_vllm_proxy_asks_for_token_truth_and_parses_tool_calls_itself():
     pytest.importorskip("fastapi")
+    from tracerl.inference.turns import TurnReader
     from tracerl.inference.vllm_proxy import finish_chat_body, prepare_chat_body
 
     body = {"model": "base", "messages": [], "tools": [{"type": "function", "function": {"name": "add"}}]}
@@ -116,7 +117,8 @@ def test_vllm_proxy_asks_for_token_truth_and_parses_tool_calls_itself():
         "prompt_token_ids": [1, 2],
         "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
     }
-    (choice,) = finish_chat_body(result, parse_tools=True)["choices"]
+    hermes = TurnReader(tokenizer=None, tool_call_format="hermes", reasoning=False)  # the reader of a Hermes template
+    (choice,) = finish_chat_body(result, parse_tools=True, turns=hermes)["choices"]
     assert choice["prompt_token_ids"] == [1, 2]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["content"] is None

@@ -60,8 +60,16 @@ ARCHITECTURES: dict[str, Architecture] = {
 SHAPES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 16},
+    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+             "num_key_value_heads": 2, "head_dim": 64},  # Qwen2.5-0.5B's
+    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "head_dim": 128},  # Qwen2.5-1.5B's
+    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "head_dim": 128},  # Llama-3.1-8B's
 }  # fmt: skip
-"""Widths and depths a random model is shrunk to (the vocabulary stays the tokenizer's)."""
+"""Widths and depths a random model is given (the vocabulary stays the tokenizer's): ``tiny`` for
+tests, the others for ``bench/gpu_check.py --families`` (gpt-oss's experts multiply its MLP
+parameters by 4, and Gemma 3's 262k vocabulary adds embedding rows)."""
 
 
 def stop_token_ids(tokenizer: Any, family: str) -> list[int]:
@@ -69,16 +77,22 @@ def stop_token_ids(tokenizer: Any, family: str) -> list[int]:
     return [int(tokenizer.convert_tokens_to_ids(token)) for token in ARCHITECTURES[family].stops]
 
 
-def write_random_model(family: str, folder: str | Path, *, shape: str = "tiny", seed: int = 0) -> Path:
-    """Save a randomly initialised ``family`` model (fp32, ``shape``) and the family's tokenizer to ``folder``.
+def write_random_model(
+    family: str, folder: str | Path, *, shape: str = "tiny", seed: int = 0, dtype: str = "float32", device: str = "cpu"
+) -> Path:
+    """Save a randomly initialised ``family`` model (``shape``) and the family's tokenizer to ``folder``.
 
-    Raises ``FileNotFoundError`` naming the set-up step when the family's files are not installed."""
+    The weights are fp32, or ``dtype`` (``"bfloat16"`` on a GPU); ``device`` is where they are
+    initialised (a GPU initialises billions of parameters in seconds).  Raises
+    ``FileNotFoundError`` naming the set-up step when the family's files are not installed."""
     import torch
     import transformers
     from transformers import AutoTokenizer
 
     if family not in ARCHITECTURES:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(ARCHITECTURES)}")
+    if shape not in SHAPES:
+        raise KeyError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
     if not is_installed(family):
         reason = last_failure(family) or "not fetched yet"
         raise FileNotFoundError(f"the {family} tokenizer is not installed ({reason}): run make install-model-files")
@@ -93,7 +107,8 @@ def write_random_model(family: str, folder: str | Path, *, shape: str = "tiny", 
         bos_token_id=tokenizer.bos_token_id, **settings,
     )  # fmt: skip
     torch.manual_seed(seed)
-    model = getattr(transformers, architecture.model)(config)
+    with torch.device(device):
+        model = getattr(transformers, architecture.model)(config).to(getattr(torch, dtype))
     model.generation_config.eos_token_id = stops
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -23,6 +23,8 @@ _PROBE = [
 ]  # fmt: skip  (a 9-character call id, as Mistral's template requires)
 _PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "probe", "parameters": {"type": "object", "properties": {}}}}]
 _renderings: dict[str, str] = {}
+_REASONING_PROBE = "probe-reasoning-7f3a"
+_reasoning: dict[str, bool] = {}
 
 
 def probe_rendering(tokenizer: Any) -> str:
@@ -36,6 +38,21 @@ def probe_rendering(tokenizer: Any) -> str:
         except Exception:  # noqa: BLE001 - no tool support in this template
             _renderings[key] = ""
     return _renderings[key]
+
+
+def renders_reasoning(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template writes an assistant turn's ``reasoning_content`` (Qwen3's
+    ``<think>``): then a reply's reasoning is its own field, as the template expects it back."""
+    template = getattr(tokenizer, "chat_template", None)
+    key = template if isinstance(template, str) else repr(template)
+    if key not in _reasoning:
+        probe = [{"role": "user", "content": "probe"},
+                 {"role": "assistant", "content": "done", "reasoning_content": _REASONING_PROBE}]  # fmt: skip
+        try:
+            _reasoning[key] = _REASONING_PROBE in tokenizer.apply_chat_template(probe, tokenize=False)
+        except Exception:  # noqa: BLE001 - a template that cannot render it does not render reasoning
+            _reasoning[key] = False
+    return _reasoning[key]
 
 
 def wants_object_arguments(tokenizer: Any) -> bool:

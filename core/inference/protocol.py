@@ -223,6 +223,8 @@ def stream_events(completion: dict[str, Any], include_usage: bool) -> Iterator[s
     for choice in completion["choices"]:
         message = choice.get("message") or {}
         delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("reasoning_content") is not None:  # vLLM's field for a reasoning parser's output
+            delta["reasoning_content"] = message["reasoning_content"]
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
         first = {"index": choice["index"], "delta": delta, "logprobs": choice.get("logprobs"), "finish_reason": None}

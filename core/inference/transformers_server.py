@@ -24,9 +24,9 @@ from ..net.http_server import BackgroundUvicorn, BearerAuth, OpenAIError, instal
 from ..net.untraced import untraced_fastapi
 from ..redact import register_secret
 from .api_routes import add_api_routes
-from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request, stream_events
 from .chat_template import template_messages
-from .tool_calls import parse_tool_calls
+from .protocol import ChatRequest, chat_completion, logprob_entry, parse_chat_request, stream_events
+from .turns import TurnReader
 
 if TYPE_CHECKING:  # pragma: no cover
     from .completions import CompletionRequest
@@ -57,9 +57,12 @@ class TransformersServer:
         device: str | None = None,
         dtype: Any = None,
         api_key: str | None = None,
+        tool_call_parser: str | None = "auto",
+        reasoning_parser: str | None = "auto",
     ) -> None:
         """``device``/``dtype``: where and in what format the model runs (default: CUDA in bf16 when
-        visible, else CPU in fp32); ``max_batch_rows``: rows decoded together at most."""
+        visible, else CPU in fp32); ``max_batch_rows``: rows decoded together at most;
+        ``tool_call_parser``/``reasoning_parser``: how replies are read (:mod:`tracerl.inference.turns`)."""
         self.model_path = Path(model_path)
         self.api_key = api_key or new_api_key()
         register_secret(self.api_key)
@@ -74,6 +77,9 @@ class TransformersServer:
             "dtype": dtype,
         }
         self.default_max_tokens = default_max_tokens
+        self._parsers = {"tool_call_parser": tool_call_parser, "reasoning_parser": reasoning_parser}
+        self.turns: TurnReader | None = None
+        """How replies are read into messages; set by :meth:`start` from the model's template."""
         self.answer_as: dict[str, str] = {}
         """Served name -> the model name its answers carry, for a proxy that renames requests
         (``tracerl serve --tinker`` serves each tenant's ``agent@3`` under a unique name)."""
@@ -90,6 +96,7 @@ class TransformersServer:
     def _start_blocking(self) -> None:
         from .engine import GenerationEngine
 
+        self.turns = TurnReader.for_model(self.model_path, **self._parsers)  # a parser the template contradicts: before loading
         try:
             self.engine = GenerationEngine(self.model_path, **self._engine_options)
         except InsufficientMemoryError:  # already explains itself (free vs needed GPU memory)
@@ -299,14 +306,10 @@ class TransformersServer:
         return completion_body(model=self.answer_as.get(request.model, request.model), choice=choice, prompt_tokens=len(prompt_ids), completion_tokens=len(generated))
 
     def _choice(self, index: int, result: Any, request: ChatRequest, prompt_ids: list[int]) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        message = self.turns.message(result.token_ids, result.text, parse_tools=request.parse_tools)
         finish = result.finish_reason
-        if request.parse_tools:
-            parsed = parse_tool_calls(result.text)
-            if parsed.tool_calls:
-                message = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
-                if finish != "length":
-                    finish = "tool_calls"
+        if message.get("tool_calls") and finish != "length":
+            finish = "tool_calls"
         choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
         if request.logprobs:
             text = self.engine.token_text

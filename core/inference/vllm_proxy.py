@@ -13,7 +13,7 @@ from ..net.untraced import untraced_fastapi
 from .api_routes import add_api_routes
 from .policy_gate import PolicyGate
 from .protocol import stream_events
-from .tool_calls import parse_tool_calls
+from .turns import TurnReader
 
 
 class ProxiedServer(Protocol):
@@ -26,6 +26,8 @@ class ProxiedServer(Protocol):
     model_path: Path
     aliases: set[str]
     """Further names of the base model, added while the server runs (merged policies)."""
+    turns: TurnReader | None
+    """How replies are read into messages (set when the server starts)."""
     gate: PolicyGate
     """Requests against weight reloads; ``gate.policy``: the merged policy now loaded, the ``model`` an answer to an alias names."""
 
@@ -68,19 +70,18 @@ def prepare_chat_body(body: dict[str, Any], served_name: str, base_names: set[st
     return parse
 
 
-def finish_chat_body(result: dict[str, Any], parse_tools: bool) -> dict[str, Any]:
+def finish_chat_body(result: dict[str, Any], parse_tools: bool, turns: TurnReader) -> dict[str, Any]:
+    """vLLM's answer with each reply read by ``turns`` (tool calls, reasoning) from its token ids."""
     prompt_ids = result.get("prompt_token_ids")
     for choice in result.get("choices", []):
         if prompt_ids is not None:
             choice.setdefault("prompt_token_ids", prompt_ids)
         message = choice.get("message") or {}
-        if parse_tools and isinstance(message.get("content"), str):
-            parsed = parse_tool_calls(message["content"])
-            if parsed.tool_calls:
-                message["content"] = parsed.content
-                message["tool_calls"] = parsed.tool_calls
-                if choice.get("finish_reason") != "length":
-                    choice["finish_reason"] = "tool_calls"
+        if isinstance(message.get("content"), str):
+            read = turns.message(choice.get("token_ids") or [], message["content"], parse_tools=parse_tools)
+            message.update(read)
+            if read.get("tool_calls") and choice.get("finish_reason") != "length":
+                choice["finish_reason"] = "tool_calls"
     return result
 
 
@@ -110,7 +111,8 @@ def build_proxy(server: ProxiedServer) -> Any:
             error = OpenAIError(_vllm_error(response.content)[1], status=response.status_code)
             error.upstream = response.content
             raise error
-        result = finish_chat_body(response.json(), parse)
+        assert server.turns is not None  # set by start(), before the proxy serves
+        result = finish_chat_body(response.json(), parse, server.turns)
         if asked_for_policy and policy:
             result["model"] = policy  # a straggler asking for agent@3 was answered by agent@4's weights
         return result

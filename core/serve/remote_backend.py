@@ -124,6 +124,7 @@ class RemoteBackend:
             "project": model.project,
             "base_model": model.base_model,
             "lora_config": model.lora_config,
+            **model.serving_settings,
         }
         # the first registration loads the model and starts its inference server: minutes, not seconds
         answer = await self._request("POST", f"{API}/models/register", "register", body, timeout=self.train_timeout)

@@ -65,6 +65,9 @@ class RegisterRequest(BaseModel):
     project: str
     base_model: str
     lora_config: dict[str, Any] = Field(default_factory=dict)
+    chat_template: str | None = None
+    tool_call_parser: str | None = "auto"
+    reasoning_parser: str | None = "auto"
 
 
 def error_response(error: BaseException) -> JSONResponse:
@@ -240,7 +243,12 @@ def create_app(
             if model is None:  # the server decides what it loads: refused before anything is started
                 policy.check_count(len(state.models))
                 base_model = policy.base_model(wanted.base_model)
-                model = TrainableModel(wanted.name, wanted.project, base_model, lora_config=wanted.lora_config, base_path=state.base_path)
+                if wanted.chat_template is not None and "\n" not in wanted.chat_template and wanted.chat_template.endswith(".jinja"):
+                    raise ConfigError("chat_template must be sent as the template's text: this server reads no client-named files")
+                model = TrainableModel(
+                    wanted.name, wanted.project, base_model, lora_config=wanted.lora_config, base_path=state.base_path,
+                    chat_template=wanted.chat_template, tool_call_parser=wanted.tool_call_parser, reasoning_parser=wanted.reasoning_parser,
+                )  # fmt: skip
                 policy.check_lora(model.lora_config)
                 await backend.register(model)  # a failure releases what it started (LocalBackend.register)
                 state.models[model.name] = model
@@ -248,7 +256,7 @@ def create_app(
                 state.locks[model.name] = asyncio.Lock()
             else:
                 first = state.requested[wanted.name]
-                if (first.project, first.base_model, first.lora_config) != (wanted.project, wanted.base_model, wanted.lora_config):
+                if first.model_dump(exclude={"name"}) != wanted.model_dump(exclude={"name"}):
                     raise ConfigError(
                         f"model {wanted.name!r} is already served here for project {first.project!r}, base_model "
                         f"{first.base_model!r}, lora_config {first.lora_config}: use another name"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Literal
 
-from ..base_models import resolve_base_model
+from ..base_models import resolve_base_model, with_chat_template
 from ..errors import CheckpointError, ConfigError, NonFiniteError, TrajectoryError
 from ..gather import GatheredGroups
 from ..model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
@@ -132,6 +132,8 @@ class LocalBackend:
         """Under the run lock: repair what a kill left, write checkpoint 0 if new, start serving."""
         run_dir.read_model_info()  # a run of a newer format is refused before anything touches it
         model_path = await asyncio.to_thread(resolve_base_model, model.base_model)
+        if model.chat_template is not None:
+            model_path = await asyncio.to_thread(with_chat_template, model_path, model.chat_template)
         run_dir.repair()
         state = _Registered(model=model, run_dir=run_dir, model_path=model_path, lock=lock)
         self._models[model.name] = state
@@ -154,7 +156,7 @@ class LocalBackend:
 
         name = state.model.get_inference_name(step)
         if not self.serve_merged:
-            server = make_server(self.inference or "auto", state.model_path, served_name=state.model.name, **self.server_options)
+            server = make_server(self.inference or "auto", state.model_path, served_name=state.model.name, **self._server_options(state))
             state.server = server  # before start(): a start that fails half-way is stopped by register
             await server.start()
             await server.load_adapter(name, str(state.run_dir.checkpoint_path(step)))
@@ -163,7 +165,7 @@ class LocalBackend:
 
         if vllm_python() is None:
             raise ConfigError("serve_merged=True needs the vLLM runtime (python -m tracerl.inference.vllm_server install)")
-        options = {**self.server_options, "enable_lora": False}
+        options = {**self._server_options(state), "enable_lora": False}
         server = make_server("vllm", state.model_path, served_name=state.model.name, **options)
         state.server = server  # before start(): a start that fails half-way is stopped by register
         await server.start()
@@ -173,6 +175,11 @@ class LocalBackend:
         server.aliases.add(name)  # type: ignore[attr-defined]
         server.gate.policy = name  # type: ignore[attr-defined]
         return server
+
+    def _server_options(self, state: _Registered) -> dict[str, Any]:
+        """``server_options`` plus the model's reply parsers (its own settings win)."""
+        model = state.model
+        return {**self.server_options, "tool_call_parser": model.tool_call_parser, "reasoning_parser": model.reasoning_parser}
 
     async def _reload_merged(self, state: _Registered, step: int, trainer: "LoRATrainer", policy: str) -> None:
         """Write the trainer's policy as a full model and have vLLM reload it in place; keep only that copy."""
@@ -645,6 +652,7 @@ def _write_model_json(run_dir: RunDir, model: TrainableModel, model_path: Path) 
         "base_model": model.base_model,
         "resolved_base_model": str(model_path),
         "lora_config": model.lora_config,
+        **model.serving_settings,
     }
     previous = run_dir.read_model_info()
     if previous is not None and previous.get("base_model") != model.base_model:
