@@ -31,7 +31,8 @@ from .tool_calls import new_call_id, parse_tool_call_body, parse_tool_calls
 Format = Literal["hermes", "llama3", "mistral", "harmony"]
 FORMATS: tuple[Format, ...] = ("hermes", "llama3", "mistral", "harmony")
 _DECODER = json.JSONDecoder()
-_THINK = re.compile(r"\A\s*<think>(.*?)</think>\s*", re.DOTALL)
+THINK_BLOCK = re.compile(r"\A\s*<think>(.*?)</think>\s*", re.DOTALL)
+"""A leading ``<think>REASONING</think>`` block (Qwen3)."""
 _HARMONY_MESSAGE = re.compile(
     r"(?:<\|start\|>assistant)?(?P<recipient> to=functions\.[^<\s]+)?<\|channel\|>(?P<channel>\w+)[^<]*<\|message\|>"
     r"(?P<body>.*?)(?:<\|end\|>|<\|call\|>|<\|return\|>|\Z)",
@@ -72,7 +73,7 @@ def parse_turn(text: str, format: Format, *, end_markers: tuple[str, ...] = ()) 
     if format == "harmony":
         return _harmony(text)
     reasoning = None
-    think = _THINK.match(text)
+    think = THINK_BLOCK.match(text)
     if think:
         reasoning, text = think.group(1).strip(), text[think.end() :]
     if format == "hermes":

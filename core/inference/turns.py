@@ -19,17 +19,15 @@ skipped), so a model without either (the embedded SmolLM2) answers as it always 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigError
 from .chat_template import renders_reasoning
-from .tool_formats import FORMATS, Format, detect_format, parse_turn
+from .tool_formats import FORMATS, THINK_BLOCK, Format, detect_format, parse_turn
 
 ReasoningParser = Literal["think"]
-_THINK = re.compile(r"\A\s*<think>(.*?)</think>\s*", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -107,7 +105,7 @@ class TurnReader:
             turn = parse_turn(text, "hermes")  # hermes' markers survive decoding: the text is the turn
         else:
             turn = None
-            think = _THINK.match(text) if self.reasoning else None
+            think = THINK_BLOCK.match(text) if self.reasoning else None
             if think:
                 message["content"] = text[think.end() :] or None
                 message["reasoning_content"] = think.group(1).strip()
