@@ -15,7 +15,9 @@ wall time from the first step's start (set-up and the step-0 eval excluded; late
 included, the same in both loops).  Utilisation: the trainer's is the time inside
 ``backend.train`` over the wall time; inference's is the fraction of 0.25 s samples of vLLM's
 ``vllm:num_requests_running`` (its Prometheus ``/metrics``) that are above 0.  Each run is a
-subprocess of its own; the matmul ceiling (``bench/ceiling.py``) is measured before each.
+subprocess of its own; the matmul ceiling (``bench/ceiling.py``) is measured before each, and
+the peak memory of its whole process tree (worker, vLLM, MCP server; PSS, so shared pages count
+once) while it runs.
 
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2     (make bench-pipeline)
     .venv/bin/python bench/pipeline.py --table-only
@@ -200,13 +202,21 @@ def run_worker(loop: str, task: str, seed: int, args: argparse.Namespace) -> dic
     ceiling = measure_ceiling()
     cmd = [sys.executable, __file__, "--worker", loop, "--task", task, "--seed", str(seed), "--target", str(args.target),
            "--max-steps", str(args.max_steps), "--max-staleness", str(args.max_staleness)]  # fmt: skip
+    from serving_speed import TreeRSS
+
     print(f"running {loop} on {task}, seed {seed} ...", flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with TreeRSS(proc.pid, pss=True) as memory:  # the worker, its vLLM and its MCP server, sampled as they run
+        try:
+            stdout, stderr = proc.communicate(timeout=3600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+    line = next((l for l in stdout.splitlines() if l.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
-        print(proc.stdout[-3000:], proc.stderr[-6000:], sep="\n")
+        print(stdout[-3000:], stderr[-6000:], sep="\n")
         raise SystemExit(f"{loop}/{task}/seed {seed} failed (rc {proc.returncode})")
-    return {**json.loads(line[len("RESULT ") :]), "ceiling": ceiling}
+    return {**json.loads(line[len("RESULT ") :]), "ceiling": ceiling, "peak_tree_pss_mb": round(memory.pss_peak / 2**20)}
 
 
 def spread(values: list[float]) -> str:
@@ -216,8 +226,8 @@ def spread(values: list[float]) -> str:
 
 
 def print_table(runs: list[dict[str, Any]]) -> None:
-    print("| task | loop | seeds reaching 0.9 | time to target, s: median [min-max] | steps to target | trainer util. | inference util. | groups dropped stale | matmul ceiling GFLOP/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| task | loop | seeds reaching 0.9 | time to target, s: median [min-max] | steps to target | trainer util. | inference util. | groups dropped stale | peak whole-tree memory (PSS), MiB | matmul ceiling GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     medians: dict[tuple[str, str], float] = {}
     for task in TASKS:
         for loop in LOOPS:
@@ -230,8 +240,9 @@ def print_table(runs: list[dict[str, Any]]) -> None:
                 medians[(task, loop)] = statistics.median(times)
             util = lambda key: f"{statistics.median([r[key] for r in mine if r[key] is not None]):.2f}" if any(r[key] is not None for r in mine) else "-"  # noqa: E731
             ceil = statistics.median(r["ceiling"]["matmul_gflops"] for r in mine) if all("ceiling" in r for r in mine) else float("nan")
+            memory = spread([r["peak_tree_pss_mb"] for r in mine if "peak_tree_pss_mb" in r])
             print(f"| {task} | {loop} | {len(times)}/{len(mine)} | {spread(times)} | {spread(steps)} | {util('trainer_utilisation')} | "
-                  f"{util('inference_utilisation')} | {sum(r['dropped_stale'] for r in mine):.0f} | {ceil:.0f} |")  # fmt: skip
+                  f"{util('inference_utilisation')} | {sum(r['dropped_stale'] for r in mine):.0f} | {memory} | {ceil:.0f} |")  # fmt: skip
     for task in TASKS:
         if (task, "synchronous") in medians and (task, "pipelined") in medians:
             print(f"\n{task}: the pipelined loop reaches the target {medians[(task, 'synchronous')] / medians[(task, 'pipelined')]:.2f}x sooner (ratio of medians)")
