@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -184,6 +185,7 @@ async def run_one(loop: str, task: str, seed: int, args: argparse.Namespace) -> 
             await backend.close()
     hit = next((e for e in evals if e["heldout"] >= args.target - 1e-9), None)
     rows = [r for r in model.history() if "train/reward" in r]
+    shutil.rmtree(dargs.data, ignore_errors=True)  # the run's checkpoints and history: the result is the row below
     return {
         "loop": loop, "task": task, "seed": seed, "target": args.target, "max_staleness": args.max_staleness,
         "reached": hit is not None, "seconds_to_target": hit["seconds"] if hit else None, "steps_to_target": hit["step"] if hit else None,

@@ -162,12 +162,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=30.0)
     p.add_argument("--data", default=".tracerl")
     p.add_argument("--plot", default=None, help="reward curve PNG (default: reward_curve.png in the run directory)")
-    p.add_argument("--tiny", action="store_true", help="2 steps of 1 task x 2 attempts, 2 held-out tasks (tests)")
+    p.add_argument("--tiny", action="store_true", help="2 steps of 1 task x 2 attempts, 1 held-out task (tests)")
     p.add_argument("--base-url", help="no training: score a few attempts against this OpenAI-compatible endpoint")
     p.add_argument("--model", default="base", help="served model name at --base-url")
     args = p.parse_args(argv)
     if args.tiny:
-        args.steps, args.groups_per_step, args.rollouts, args.val_tasks, args.eval_every = 2, 1, 2, 2, 100
+        args.steps, args.groups_per_step, args.rollouts, args.val_tasks, args.eval_every = 2, 1, 2, 1, 100
     return args
 
 
