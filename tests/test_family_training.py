@@ -5,8 +5,9 @@ shrunk) is served by tracerl's transformers server and trained by ``LocalBackend
 weights never choose to think or call a tool, so each assistant turn of the conversation is
 forced: its tokens are the template's own rendering of the turn, scored through the serving path
 (``/v1/completions``, the route distillation uses), so the logprobs are the served policy's.  One
-GRPO step then trains every sampled token, each at its place with its served logprob, and the
-step's policy is served after it (the supported-models matrix's last column).
+turn the random model really samples is captured through the OpenAI SDK too.  One GRPO step then
+trains every sampled token, each at its place with its served logprob, and the step's policy is
+served after it (the supported-models matrix's last column).
 
 Qwen3 in detail: the conversation thinks before each of two tool rounds and before its answer;
 the template keeps the reasoning of turns after the last user message, so the turns extend one
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 import tracerl
+import tracerl.integrations as ti
 from family_helpers import TOOLS, family_conversation, forced_turns
 from tracerl.families.files import is_installed, last_failure
 from tracerl.train.tokenization import TokenizeStats, tokenize_trajectory
@@ -71,6 +73,14 @@ async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(fa
         for reward, follow_up, variant in ((1.0, False, 0), (0.0, False, 1), (0.5, True, 0)):  # different tokens, or their updates cancel
             messages, tools = family_conversation(family, follow_up=follow_up, variant=variant)
             trajectories.append(await forced(model, tokenizer, messages, reward, family=family, tools=tools))
+        async with ti.rollout(model) as captured:  # a turn the random model really sampled, captured
+            await model.openai_client().chat.completions.create(  # through the OpenAI SDK and read by the family's reader
+                model=model.get_inference_name(), messages=messages[:2], tools=tools, max_tokens=12, temperature=1.0, seed=3,
+            )  # fmt: skip
+        (sampled,) = [c for c in captured.trajectory.messages_and_choices if isinstance(c, tracerl.Choice)]
+        assert sampled.token_ids and len(sampled.logprobs) == len(sampled.token_ids) and sampled.model == model.get_inference_name()
+        captured.trajectory.reward = 0.25
+        trajectories.append(captured.trajectory)
         stats = TokenizeStats()
         for trajectory in trajectories:
             sequences = tokenize_trajectory(trajectory, tokenizer, stats=stats)
@@ -84,7 +94,7 @@ async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(fa
             assert sum(c.token_ids.count(think) for c in trajectories[0].messages_and_choices if isinstance(c, tracerl.Choice)) == 3
             assert dict(stats.breaks) == {"sampled_tokens_rerendered": 1}
 
-        result = await backend.train(model, [tracerl.TrajectoryGroup(trajectories)], learning_rate=1e-2)
+        result = await backend.train(model, [tracerl.TrajectoryGroup(trajectories)], learning_rate=1e-2)  # forced and sampled turns
         metrics = result.metrics
         assert result.step == 1 and metrics["num_groups_trainable"] == 1
         assert metrics["trained_tokens"] == metrics["sampled_tokens"] == stats.sampled_tokens > 0 and metrics["dropped_tokens/total"] == 0
