@@ -54,3 +54,21 @@ def test_an_unknown_format_is_named():
 def test_a_semicolon_inside_an_argument_is_not_a_separator():
     parsed = parse_turn('{"name": "f", "parameters": {"q": "a;b"}};{"name": "g", "parameters": {}}', "llama3")
     assert _calls(parsed) == [("f", {"q": "a;b"}), ("g", {})]
+
+
+def test_the_servers_reader_splits_reasoning_only_where_the_template_reads_it_back():
+    """``TurnReader`` (both servers): text without calls or reasoning is returned as sampled; a ``<think>``
+    block is reasoning only for a reasoning template, else it stays where the model wrote it."""
+    from tracerl.inference.turns import TurnReader
+
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    thinking = TurnReader(tokenizer=None, tool_call_format="hermes", reasoning=True)
+    plain = TurnReader(tokenizer=None, tool_call_format="hermes", reasoning=False)
+    assert plain.message([], "  Hi there. ", parse_tools=True) == {"role": "assistant", "content": "  Hi there. "}
+    said = thinking.message([], "<think>plan</think>\n" + call, parse_tools=True)
+    assert (said["reasoning_content"], said["content"], said["tool_calls"][0]["function"]["name"]) == ("plan", None, "f")
+    kept = plain.message([], "<think>plan</think>\n" + call, parse_tools=True)
+    assert "reasoning_content" not in kept and kept["content"] == "<think>plan</think>" and len(kept["tool_calls"]) == 1
+    assert thinking.message([], "<think>a</think>Paris.", parse_tools=False) == {
+        "role": "assistant", "content": "Paris.", "reasoning_content": "a"}  # fmt: skip
+    assert plain.message([], call, parse_tools=False)["content"] == call  # tool_choice "none": calls stay text

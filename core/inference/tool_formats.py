@@ -63,26 +63,27 @@ def detect_format(tokenizer: Any) -> Format | None:
     return None
 
 
-def parse_turn(text: str, format: Format, *, end_markers: tuple[str, ...] = ()) -> ParsedTurn:
+def parse_turn(text: str, format: Format, *, end_markers: tuple[str, ...] = (), reasoning: bool = True) -> ParsedTurn:
     """Read ``text`` (decoded with its special tokens) in ``format``; ``end_markers``: end-of-turn
-    tokens to drop from its end (``<|im_end|>``, ``<|eot_id|>``, ``</s>`` ...)."""
+    tokens to drop from its end (``<|im_end|>``, ``<|eot_id|>``, ``</s>`` ...); ``reasoning``:
+    whether a leading ``<think>`` block is reasoning (else it stays in the text)."""
     for marker in end_markers:
         if marker and text.endswith(marker):
             text = text[: -len(marker)]
             break
     if format == "harmony":
         return _harmony(text)
-    reasoning = None
-    think = THINK_BLOCK.match(text)
+    thought = None
+    think = THINK_BLOCK.match(text) if reasoning else None
     if think:
-        reasoning, text = think.group(1).strip(), text[think.end() :]
+        thought, text = think.group(1).strip(), text[think.end() :]
     if format == "hermes":
         parsed = parse_tool_calls(text)
-        return ParsedTurn(parsed.content if parsed.tool_calls else _text(text), parsed.tool_calls, reasoning)
+        return ParsedTurn(parsed.content if parsed.tool_calls else _text(text), parsed.tool_calls, thought)
     if format == "llama3":
-        return ParsedTurn(*_llama3(text), reasoning)
+        return ParsedTurn(*_llama3(text), thought)
     if format == "mistral":
-        return ParsedTurn(*_mistral(text), reasoning)
+        return ParsedTurn(*_mistral(text), thought)
     raise ValueError(f"unknown tool-call format {format!r}; known: {', '.join(FORMATS)}")
 
 

@@ -98,19 +98,18 @@ class TurnReader:
             ids = list(token_ids)
             while ids and ids[-1] in self.end_ids:
                 ids.pop()
-            turn = parse_turn(self.tokenizer.decode(ids, skip_special_tokens=False), fmt)
+            turn = parse_turn(self.tokenizer.decode(ids, skip_special_tokens=False), fmt, reasoning=self.reasoning)
             if fmt == "harmony":
                 message["content"] = turn.content if (turn.content or turn.reasoning_content or turn.tool_calls) else text
         elif parse_tools and fmt == "hermes":
-            turn = parse_turn(text, "hermes")  # hermes' markers survive decoding: the text is the turn
+            turn = parse_turn(text, "hermes", reasoning=self.reasoning)  # hermes' markers survive decoding: the text is the turn
         else:
-            turn = None
             think = THINK_BLOCK.match(text) if self.reasoning else None
             if think:
                 message["content"] = text[think.end() :] or None
                 message["reasoning_content"] = think.group(1).strip()
             return message
-        if turn.reasoning_content is not None and self.reasoning:
+        if turn.reasoning_content is not None:
             message["reasoning_content"] = turn.reasoning_content
             message["content"] = turn.content
         if parse_tools and turn.tool_calls:
