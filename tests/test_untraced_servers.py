@@ -25,6 +25,7 @@ from tracerl.net.http_server import BackgroundUvicorn
 from tracerl.inference.vllm_proxy import build_proxy
 from tracerl.inference.policy_gate import PolicyGate
 from tracerl.inference.transformers_server import TransformersServer, build_app
+from tracerl.inference.turns import TurnReader
 from tracerl.serve.server import create_app
 from tracerl.net.untraced import untraced_fastapi
 
@@ -82,7 +83,9 @@ def _ours(spans, port: int, upstream_port: int) -> list[str]:
 
 
 def _vllm_proxy(upstream):
-    server = types.SimpleNamespace(vllm_url=f"http://127.0.0.1:{upstream.port}", served_name="m", model_path="/models/m", api_key="k", aliases=set(), gate=PolicyGate())
+    turns = TurnReader(tokenizer=None, tool_call_format="hermes", reasoning=False)  # what VLLMServer.start sets
+    server = types.SimpleNamespace(vllm_url=f"http://127.0.0.1:{upstream.port}", served_name="m", model_path="/models/m", api_key="k",
+                                   aliases=set(), gate=PolicyGate(), turns=turns)  # fmt: skip
     return build_proxy(server)
 
 
