@@ -49,6 +49,11 @@ def resolve_base_model(spec: str) -> Path:
     return _from_hub(spec)
 
 
+def is_template_path(template: str) -> bool:
+    """Whether a ``chat_template`` setting names a ``.jinja`` file rather than holding the template."""
+    return template.endswith(".jinja") and "\n" not in template
+
+
 def with_chat_template(folder: Path, template: str) -> Path:
     """``folder`` as a model whose chat template is ``template`` (Jinja text, or a ``.jinja`` file's path).
 
@@ -60,7 +65,7 @@ def with_chat_template(folder: Path, template: str) -> Path:
     import json
     import tempfile
 
-    if template.endswith(".jinja") and "\n" not in template:
+    if is_template_path(template):
         path = Path(template).expanduser()
         if not path.is_file():
             raise ConfigError(f"chat_template {template!r} looks like a file name, but there is no such file")

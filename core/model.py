@@ -204,12 +204,9 @@ class TrainableModel(Model):
             base_path=base_path,
             inference_timeout=inference_timeout,
         )
-        from .inference.tool_formats import FORMATS
+        from .inference.turns import check_parsers
 
-        if tool_call_parser not in ("auto", None, *FORMATS):
-            raise ConfigError(f"tool_call_parser must be 'auto', None or one of {', '.join(FORMATS)}; got {tool_call_parser!r}")
-        if reasoning_parser not in ("auto", "think", None):
-            raise ConfigError(f"reasoning_parser must be 'auto', 'think' or None; got {reasoning_parser!r}")
+        check_parsers(tool_call_parser, reasoning_parser)
         if chat_template is not None and (not isinstance(chat_template, str) or not chat_template.strip()):
             raise ConfigError("chat_template must be a Jinja template (text, or a .jinja file's path)")
         self.chat_template = chat_template

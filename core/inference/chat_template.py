@@ -13,7 +13,7 @@ tracerl does: the transformers server's prompts and the trainer's (``train/token
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 _PROBE_ARGUMENTS = '{"probe": 1}'
 _PROBE = [
@@ -27,32 +27,29 @@ _REASONING_PROBE = "probe-reasoning-7f3a"
 _reasoning: dict[str, bool] = {}
 
 
+def _per_template(cache: dict[str, Any], tokenizer: Any, render: Callable[[Any], Any], failed: Any) -> Any:
+    """``render(tokenizer)`` once per template text (``failed`` when the template raises)."""
+    template = getattr(tokenizer, "chat_template", None)
+    key = template if isinstance(template, str) else repr(template)
+    if key not in cache:
+        try:
+            cache[key] = render(tokenizer)
+        except Exception:  # noqa: BLE001 - the template cannot render the probe
+            cache[key] = failed
+    return cache[key]
+
+
 def probe_rendering(tokenizer: Any) -> str:
     """``tokenizer``'s chat template's rendering of a probe tool call ``probe({"probe": 1})`` with its
     string arguments ("" when the template cannot render a tool call); rendered once per template text."""
-    template = getattr(tokenizer, "chat_template", None)
-    key = template if isinstance(template, str) else repr(template)
-    if key not in _renderings:
-        try:
-            _renderings[key] = tokenizer.apply_chat_template(_PROBE, tools=_PROBE_TOOLS, tokenize=False)
-        except Exception:  # noqa: BLE001 - no tool support in this template
-            _renderings[key] = ""
-    return _renderings[key]
+    return _per_template(_renderings, tokenizer, lambda t: t.apply_chat_template(_PROBE, tools=_PROBE_TOOLS, tokenize=False), "")
 
 
 def renders_reasoning(tokenizer: Any) -> bool:
     """Whether ``tokenizer``'s chat template writes an assistant turn's ``reasoning_content`` (Qwen3's
     ``<think>``): then a reply's reasoning is its own field, as the template expects it back."""
-    template = getattr(tokenizer, "chat_template", None)
-    key = template if isinstance(template, str) else repr(template)
-    if key not in _reasoning:
-        probe = [{"role": "user", "content": "probe"},
-                 {"role": "assistant", "content": "done", "reasoning_content": _REASONING_PROBE}]  # fmt: skip
-        try:
-            _reasoning[key] = _REASONING_PROBE in tokenizer.apply_chat_template(probe, tokenize=False)
-        except Exception:  # noqa: BLE001 - a template that cannot render it does not render reasoning
-            _reasoning[key] = False
-    return _reasoning[key]
+    probe = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "done", "reasoning_content": _REASONING_PROBE}]
+    return _per_template(_reasoning, tokenizer, lambda t: _REASONING_PROBE in t.apply_chat_template(probe, tokenize=False), False)
 
 
 def wants_object_arguments(tokenizer: Any) -> bool:

@@ -30,6 +30,14 @@ from .tool_formats import FORMATS, THINK_BLOCK, Format, detect_format, parse_tur
 ReasoningParser = Literal["think"]
 
 
+def check_parsers(tool_call_parser: Any, reasoning_parser: Any) -> None:
+    """A ``ConfigError`` naming the values allowed, for a parser setting that is none of them."""
+    if tool_call_parser not in ("auto", None, *FORMATS):
+        raise ConfigError(f"tool_call_parser must be 'auto', None or one of {', '.join(FORMATS)}; got {tool_call_parser!r}")
+    if reasoning_parser not in ("auto", "think", None):
+        raise ConfigError(f"reasoning_parser must be 'auto', 'think' or None; got {reasoning_parser!r}")
+
+
 @dataclass(frozen=True)
 class TurnReader:
     """A served model's sampled turns as OpenAI messages (see the module docstring)."""
@@ -50,24 +58,20 @@ class TurnReader:
         end_ids: set[int] | frozenset[int] = frozenset(),
     ) -> TurnReader:
         """The reader for ``tokenizer``'s template; a parser the template contradicts is a ``ConfigError``."""
+        check_parsers(tool_call_parser, reasoning_parser)
         rendered = detect_format(tokenizer)
         if tool_call_parser == "auto":
             tool_call_parser = rendered or "hermes"
-        elif tool_call_parser is not None:
-            if tool_call_parser not in FORMATS:
-                raise ConfigError(f"tool_call_parser must be 'auto', None or one of {', '.join(FORMATS)}; got {tool_call_parser!r}")
-            if rendered is not None and rendered != tool_call_parser:
-                raise ConfigError(
-                    f"tool_call_parser={tool_call_parser!r}, but this model's chat template writes tool calls as "
-                    f"{rendered!r}: the model would be trained on calls it is never shown as it wrote them. Use "
-                    f"tool_call_parser={rendered!r} (the default 'auto' picks it), or a chat_template that renders {tool_call_parser!r}"
-                )
+        elif tool_call_parser is not None and rendered is not None and rendered != tool_call_parser:
+            raise ConfigError(
+                f"tool_call_parser={tool_call_parser!r}, but this model's chat template writes tool calls as "
+                f"{rendered!r}: the model would be trained on calls it is never shown as it wrote them. Use "
+                f"tool_call_parser={rendered!r} (the default 'auto' picks it), or a chat_template that renders {tool_call_parser!r}"
+            )
         if reasoning_parser == "auto":
             reasoning = tool_call_parser == "harmony" or renders_reasoning(tokenizer)
-        elif reasoning_parser in ("think", None):
-            reasoning = reasoning_parser == "think" or tool_call_parser == "harmony"
         else:
-            raise ConfigError(f"reasoning_parser must be 'auto', 'think' or None; got {reasoning_parser!r}")
+            reasoning = reasoning_parser == "think" or tool_call_parser == "harmony"
         return cls(tokenizer, tool_call_parser, reasoning, frozenset(end_ids))
 
     @classmethod

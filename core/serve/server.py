@@ -30,6 +30,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field, ValidationError
 
 from .. import __version__
+from ..base_models import is_template_path
 from ..errors import CheckpointError, ConfigError
 from ..inference.gateway import ROLLOUT_HEADER, ROLLOUTS_PATH, GatewayMiddleware
 from ..model import DEFAULT_BASE_PATH, TrainableModel
@@ -243,7 +244,7 @@ def create_app(
             if model is None:  # the server decides what it loads: refused before anything is started
                 policy.check_count(len(state.models))
                 base_model = policy.base_model(wanted.base_model)
-                if wanted.chat_template is not None and "\n" not in wanted.chat_template and wanted.chat_template.endswith(".jinja"):
+                if wanted.chat_template is not None and is_template_path(wanted.chat_template):
                     raise ConfigError("chat_template must be sent as the template's text: this server reads no client-named files")
                 model = TrainableModel(
                     wanted.name, wanted.project, base_model, lora_config=wanted.lora_config, base_path=state.base_path,
