@@ -302,6 +302,60 @@ async def test_adapters_load_swap_and_unload(server, client, adapters):
         assert response.status_code in (400, 404) and "error" in response.json()
 
 
+async def _stream_text(client, model: str) -> tuple[str, set[str]]:
+    """A greedy streamed completion: its text and every ``model`` its chunks named."""
+    stream = await client.chat.completions.create(model=model, messages=HELLO, temperature=0.0, max_tokens=24, stream=True)
+    text, names = "", set()
+    async for chunk in stream:
+        names.add(chunk.model)
+        text += "".join(choice.delta.content or "" for choice in chunk.choices)
+    return text, names
+
+
+async def _requests_running(server) -> int:
+    """Requests being generated: the transformers engine's rows so far, or vLLM's running gauge.
+
+    (Both servers stream a completion once it is generated, so a first chunk cannot say this.)"""
+    engine = getattr(server, "engine", None)
+    if engine is not None:
+        return engine.stats["rows"]  # counted when their batch starts decoding; batches run one at a time
+    async with httpx.AsyncClient(timeout=10, headers=server.auth_headers()) as http:
+        metrics = (await http.get(server.vllm_url + "/metrics")).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running")))
+
+
+async def test_the_trainers_hot_load_under_16_streams_fails_none_and_mixes_no_policies(server, client, adapters):
+    """What a step does to the server while rollouts stream: pause, load ``name@s``, unload
+    ``name@s-2``, resume.  Here all 16 streams use the adapter being unloaded, the worst case: each
+    finishes on the adapter it started on (its text is that adapter's greedy text), none fails,
+    and only requests that start after the unload are refused."""
+    old, new = f"{SERVED}@31", f"{SERVED}@32"
+    await server.load_adapter(old, adapters[1])
+    before, _ = await _stream_text(client, old)
+    running = await _requests_running(server)
+    streams = [asyncio.ensure_future(_stream_text(client, old)) for _ in range(16)]
+    try:
+        async with asyncio.timeout(120):
+            while await _requests_running(server) < running + 16:  # all 16 are being generated
+                await asyncio.sleep(0.01)
+        await server.pause()
+        try:
+            assert not all(stream.done() for stream in streams)  # paused mid-generation
+            await server.load_adapter(new, adapters[2])
+            await server.unload_adapter(old)
+        finally:
+            await server.resume()
+        finished = await asyncio.wait_for(asyncio.gather(*streams), 300)
+    finally:
+        for stream in streams:
+            stream.cancel()
+    after, names = await _stream_text(client, new)
+    assert after != before and names == {new}  # the two policies write different greedy text
+    assert all(text == before and names == {old} for text, names in finished), finished
+    with pytest.raises(openai.NotFoundError):
+        await _chat(client, model=old)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
