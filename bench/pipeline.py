@@ -19,8 +19,14 @@ subprocess of its own; the matmul ceiling (``bench/ceiling.py``) is measured bef
 the peak memory of its whole process tree (worker, vLLM, MCP server; PSS, so shared pages count
 once) while it runs.
 
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2     (make bench-pipeline)
-    .venv/bin/python bench/pipeline.py --table-only
+A second measurement, ``--steps N``, runs each loop for exactly N steps with no eval and
+reports seconds per step: the throughput each loop sustains once the first step is behind it,
+which the race to a target reached at step 1 or 2 cannot show.  Its results go to
+``bench/pipeline_steps.json``.
+
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2              (make bench-pipeline)
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2 --steps 4    (make bench-pipeline)
+    .venv/bin/python bench/pipeline.py --table-only [--steps 4]
 """
 
 from __future__ import annotations
@@ -158,25 +164,28 @@ async def run_one(loop: str, task: str, seed: int, args: argparse.Namespace) -> 
             return tracerl.TrajectoryGroup(one(t, 1.0, seed * 1_000_003 + step * 997 + g * 31 + i) for i in range(dargs.rollouts))
 
         busy = InferenceBusy(model)
+        fixed = args.steps > 0  # throughput: exactly args.steps steps, no eval
         try:
-            await model.log(await evaluate(model, 0), split="val", step=0)
+            if not fixed:
+                await model.log(await evaluate(model, 0), split="val", step=0)
             scenarios = [(i // dargs.groups_per_step, i % dargs.groups_per_step, t) for i, t in enumerate(train_tasks)]
             busy.start()
             clock["start"] = time.monotonic()
             if loop == "synchronous":
                 step = 0
-                while step < args.max_steps and not reached():
+                while step < (args.steps or args.max_steps) and (fixed or not reached()):
                     batch = scenarios[step * dargs.groups_per_step : (step + 1) * dargs.groups_per_step]
                     groups = await tracerl.gather_trajectory_groups((rollout_group(model, item, None) for item in batch), pbar_desc=None, max_exceptions=0.25)
                     result = await backend.train(model, groups, learning_rate=dargs.lr)
                     step = result.step
                     await model.log(groups, split="train", metrics=result.metrics, step=step)
-                    await model.log(await evaluate(model, step), split="val", step=step)
+                    if not fixed:
+                        await model.log(await evaluate(model, step), split="val", step=step)
             else:
                 trainer = tracerl.PipelineTrainer(
-                    model, backend, rollout_group, scenarios, eval_fn=evaluate, eval_every_n_steps=1,
-                    groups_per_step=dargs.groups_per_step, max_steps=args.max_steps, max_staleness=args.max_staleness,
-                    train_kwargs={"learning_rate": dargs.lr}, stop=reached,
+                    model, backend, rollout_group, scenarios, eval_fn=None if fixed else evaluate, eval_every_n_steps=1,
+                    groups_per_step=dargs.groups_per_step, max_steps=args.steps or args.max_steps, max_staleness=args.max_staleness,
+                    train_kwargs={"learning_rate": dargs.lr}, stop=None if fixed else reached,
                 )  # fmt: skip
                 await trainer.train()
             wall = time.monotonic() - clock["start"]
@@ -189,7 +198,8 @@ async def run_one(loop: str, task: str, seed: int, args: argparse.Namespace) -> 
     return {
         "loop": loop, "task": task, "seed": seed, "target": args.target, "max_staleness": args.max_staleness,
         "reached": hit is not None, "seconds_to_target": hit["seconds"] if hit else None, "steps_to_target": hit["step"] if hit else None,
-        "wall_seconds": round(wall, 1), "steps": len(rows), "trainer_utilisation": round(backend.busy / wall, 3),
+        "wall_seconds": round(wall, 1), "steps": len(rows), "fixed_steps": args.steps,
+        "seconds_per_step": round(wall / len(rows), 2) if rows else None, "trainer_utilisation": round(backend.busy / wall, 3),
         "inference_utilisation": round(inference, 3) if inference is not None else None,
         "serving": "merged" if backend.backend.serve_merged else "lora", "evals": evals,
         "dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in rows),
@@ -203,7 +213,7 @@ def run_worker(loop: str, task: str, seed: int, args: argparse.Namespace) -> dic
 
     ceiling = measure_ceiling()
     cmd = [sys.executable, __file__, "--worker", loop, "--task", task, "--seed", str(seed), "--target", str(args.target),
-           "--max-steps", str(args.max_steps), "--max-staleness", str(args.max_staleness)]  # fmt: skip
+           "--max-steps", str(args.max_steps), "--max-staleness", str(args.max_staleness), "--steps", str(args.steps)]  # fmt: skip
     from serving_speed import TreeRSS
 
     print(f"running {loop} on {task}, seed {seed} ...", flush=True)
@@ -250,6 +260,28 @@ def print_table(runs: list[dict[str, Any]]) -> None:
             print(f"\n{task}: the pipelined loop reaches the target {medians[(task, 'synchronous')] / medians[(task, 'pipelined')]:.2f}x sooner (ratio of medians)")
 
 
+def print_steps_table(runs: list[dict[str, Any]]) -> None:
+    steps = sorted({r["fixed_steps"] for r in runs})
+    print("| task | loop | runs | steps | seconds per step: median [min-max] | trainer util. | inference util. | groups dropped stale | mean staleness | peak whole-tree memory (PSS), MiB | matmul ceiling GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    medians: dict[tuple[str, str], float] = {}
+    for task in TASKS:
+        for loop in LOOPS:
+            mine = [r for r in runs if r["task"] == task and r["loop"] == loop]
+            if not mine:
+                continue
+            per_step = [r["seconds_per_step"] for r in mine]
+            medians[(task, loop)] = statistics.median(per_step)
+            util = lambda key: f"{statistics.median([r[key] for r in mine if r[key] is not None]):.2f}" if any(r[key] is not None for r in mine) else "-"  # noqa: E731
+            ceil = statistics.median(r["ceiling"]["matmul_gflops"] for r in mine)
+            print(f"| {task} | {loop} | {len(mine)} | {'/'.join(str(s) for s in steps)} | {statistics.median(per_step):.1f} [{min(per_step):.1f}-{max(per_step):.1f}] | "
+                  f"{util('trainer_utilisation')} | {util('inference_utilisation')} | {sum(r['dropped_stale'] for r in mine):.0f} | "
+                  f"{statistics.fmean(r['staleness_mean'] for r in mine):.2f} | {spread([r['peak_tree_pss_mb'] for r in mine])} | {ceil:.0f} |")  # fmt: skip
+    for task in TASKS:
+        if (task, "synchronous") in medians and (task, "pipelined") in medians:
+            print(f"\n{task}: the pipelined loop runs {medians[(task, 'synchronous')] / medians[(task, 'pipelined')]:.2f}x the synchronous loop's steps per second (ratio of medians)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1,2")
@@ -257,7 +289,8 @@ def main() -> None:
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--max-steps", type=int, default=20)
     p.add_argument("--max-staleness", type=int, default=1)
-    p.add_argument("--results", type=Path, default=ROOT / "bench" / "pipeline.json")
+    p.add_argument("--steps", type=int, default=0, help="run exactly this many steps with no eval and report seconds per step (0: the race to --target)")
+    p.add_argument("--results", type=Path, default=None, help="default: bench/pipeline.json, or bench/pipeline_steps.json with --steps")
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--worker", choices=LOOPS)
     p.add_argument("--task", choices=TASKS)
@@ -266,6 +299,8 @@ def main() -> None:
     if args.worker:
         print("RESULT " + json.dumps(asyncio.run(run_one(args.worker, args.task, args.seed, args))), flush=True)
         return
+    if args.results is None:
+        args.results = ROOT / "bench" / ("pipeline_steps.json" if args.steps else "pipeline.json")
     runs: list[dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else []
     if not args.table_only:
         runs = [r for r in runs if not (r["task"] in args.tasks.split(",") and str(r["seed"]) in args.seeds.split(","))]
@@ -275,7 +310,7 @@ def main() -> None:
                 for loop in order:
                     runs.append(run_worker(loop, task, seed, args))
                     args.results.write_text(json.dumps(runs, indent=1) + "\n")  # an interrupted sweep keeps what finished
-    print_table(runs)
+    (print_steps_table if args.steps else print_table)(runs)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+import openai
 import pytest
 
 import tracerl
@@ -69,6 +70,15 @@ def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path):
         offered.append((context.current_step, deletable))
         return deletable  # as greedy as a policy can be: the trainer must still protect what is in use
 
+    async def asks_for_the_served_policy(model: tracerl.TrainableModel, refused: list[str]) -> None:
+        """An agent's next turns, back to back: each asks for ``get_inference_name()``, the policy served now."""
+        while True:
+            name = model.get_inference_name()
+            try:
+                await model.openai_client().chat.completions.create(model=name, messages=[{"role": "user", "content": QUESTION}], max_tokens=1)
+            except openai.NotFoundError:
+                refused.append(name)
+
     async def run(max_steps: int, stop=None) -> tuple[PipelineReport, list[dict], list[int]]:
         model = tracerl.TrainableModel("pipe", "tests", "smollm2-135m", base_path=tmp_path)
         backend = tracerl.LocalBackend(inference="transformers")
@@ -78,7 +88,13 @@ def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path):
                 model, backend, rollout_group, scenarios, groups_per_step=2, max_steps=max_steps, max_staleness=1,
                 train_kwargs={"learning_rate": 1e-4}, checkpoint_retention=retention, stop=stop,
             )  # fmt: skip
-            report = await trainer.train()
+            refused: list[str] = []
+            agent = asyncio.create_task(asks_for_the_served_policy(model, refused))
+            try:
+                report = await trainer.train()
+            finally:
+                agent.cancel()
+            assert not refused, f"{len(refused)} requests for the policy get_inference_name() named were refused: {sorted(set(refused))}"  # named once served
             return report, model.history(), await backend.list_checkpoints(model)
         finally:
             await backend.close()

@@ -360,8 +360,8 @@ class LocalBackend:
                 corr,
                 LOGPROB_CORR_WARN,
             )
-        model._step_cache = step
         hot_load = await self._publish(state, model, step, trainer)
+        model._step_cache = step  # named by get_inference_name() only once it is served
         if hot_load is not None:
             metrics["hot_load_seconds"] = hot_load
         metrics["step_seconds"] = time.monotonic() - started
@@ -428,9 +428,9 @@ class LocalBackend:
         except BaseException:
             state.trainer = None  # earlier optimizer steps of this call were applied: reload the last checkpoint
             raise
-        model._step_cache = step
         final = state.run_dir.checkpoint_path(step)
         await self._publish(state, model, step, trainer)
+        model._step_cache = step  # named by get_inference_name() only once it is served
         return TrainResult(step=step, metrics=metrics, checkpoint_path=str(final))
 
     async def _step_or_skip(
