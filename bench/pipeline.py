@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -237,49 +237,57 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.0f} [{min(values):.0f}-{max(values):.0f}]"
 
 
+def each_side(runs: list[dict[str, Any]]) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    """(task, loop, its runs) for every side with runs, in table order."""
+    for task in TASKS:
+        for loop in LOOPS:
+            if mine := [r for r in runs if r["task"] == task and r["loop"] == loop]:
+                yield task, loop, mine
+
+
+def utilisation(mine: list[dict[str, Any]], key: str) -> str:
+    values = [r[key] for r in mine if r[key] is not None]
+    return f"{statistics.median(values):.2f}" if values else "-"
+
+
+def ceiling_gflops(mine: list[dict[str, Any]]) -> float:
+    return statistics.median(r["ceiling"]["matmul_gflops"] for r in mine) if all("ceiling" in r for r in mine) else float("nan")
+
+
+def print_ratios(medians: dict[tuple[str, str], float], says: str) -> None:
+    """One line per task: the synchronous median over the pipelined one."""
+    for task in TASKS:
+        if (task, "synchronous") in medians and (task, "pipelined") in medians:
+            print(f"\n{task}: the pipelined loop {says.format(medians[(task, 'synchronous')] / medians[(task, 'pipelined')])} (ratio of medians)")
+
+
 def print_table(runs: list[dict[str, Any]]) -> None:
     print("| task | loop | seeds reaching 0.9 | time to target, s: median [min-max] | steps to target | trainer util. | inference util. | groups dropped stale | peak whole-tree memory (PSS), MiB | matmul ceiling GFLOP/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     medians: dict[tuple[str, str], float] = {}
-    for task in TASKS:
-        for loop in LOOPS:
-            mine = [r for r in runs if r["task"] == task and r["loop"] == loop]
-            if not mine:
-                continue
-            times = [r["seconds_to_target"] for r in mine if r["reached"]]
-            steps = [float(r["steps_to_target"]) for r in mine if r["reached"]]
-            if len(times) == len(mine):
-                medians[(task, loop)] = statistics.median(times)
-            util = lambda key: f"{statistics.median([r[key] for r in mine if r[key] is not None]):.2f}" if any(r[key] is not None for r in mine) else "-"  # noqa: E731
-            ceil = statistics.median(r["ceiling"]["matmul_gflops"] for r in mine) if all("ceiling" in r for r in mine) else float("nan")
-            memory = spread([r["peak_tree_pss_mb"] for r in mine if "peak_tree_pss_mb" in r])
-            print(f"| {task} | {loop} | {len(times)}/{len(mine)} | {spread(times)} | {spread(steps)} | {util('trainer_utilisation')} | "
-                  f"{util('inference_utilisation')} | {sum(r['dropped_stale'] for r in mine):.0f} | {memory} | {ceil:.0f} |")  # fmt: skip
-    for task in TASKS:
-        if (task, "synchronous") in medians and (task, "pipelined") in medians:
-            print(f"\n{task}: the pipelined loop reaches the target {medians[(task, 'synchronous')] / medians[(task, 'pipelined')]:.2f}x sooner (ratio of medians)")
+    for task, loop, mine in each_side(runs):
+        times = [r["seconds_to_target"] for r in mine if r["reached"]]
+        steps = [float(r["steps_to_target"]) for r in mine if r["reached"]]
+        if len(times) == len(mine):
+            medians[(task, loop)] = statistics.median(times)
+        memory = spread([r["peak_tree_pss_mb"] for r in mine if "peak_tree_pss_mb" in r])
+        print(f"| {task} | {loop} | {len(times)}/{len(mine)} | {spread(times)} | {spread(steps)} | {utilisation(mine, 'trainer_utilisation')} | "
+              f"{utilisation(mine, 'inference_utilisation')} | {sum(r['dropped_stale'] for r in mine):.0f} | {memory} | {ceiling_gflops(mine):.0f} |")  # fmt: skip
+    print_ratios(medians, "reaches the target {:.2f}x sooner")
 
 
 def print_steps_table(runs: list[dict[str, Any]]) -> None:
-    steps = sorted({r["fixed_steps"] for r in runs})
+    steps = "/".join(str(s) for s in sorted({r["fixed_steps"] for r in runs}))
     print("| task | loop | runs | steps | seconds per step: median [min-max] | trainer util. | inference util. | groups dropped stale | mean staleness | peak whole-tree memory (PSS), MiB | matmul ceiling GFLOP/s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     medians: dict[tuple[str, str], float] = {}
-    for task in TASKS:
-        for loop in LOOPS:
-            mine = [r for r in runs if r["task"] == task and r["loop"] == loop]
-            if not mine:
-                continue
-            per_step = [r["seconds_per_step"] for r in mine]
-            medians[(task, loop)] = statistics.median(per_step)
-            util = lambda key: f"{statistics.median([r[key] for r in mine if r[key] is not None]):.2f}" if any(r[key] is not None for r in mine) else "-"  # noqa: E731
-            ceil = statistics.median(r["ceiling"]["matmul_gflops"] for r in mine)
-            print(f"| {task} | {loop} | {len(mine)} | {'/'.join(str(s) for s in steps)} | {statistics.median(per_step):.1f} [{min(per_step):.1f}-{max(per_step):.1f}] | "
-                  f"{util('trainer_utilisation')} | {util('inference_utilisation')} | {sum(r['dropped_stale'] for r in mine):.0f} | "
-                  f"{statistics.fmean(r['staleness_mean'] for r in mine):.2f} | {spread([r['peak_tree_pss_mb'] for r in mine])} | {ceil:.0f} |")  # fmt: skip
-    for task in TASKS:
-        if (task, "synchronous") in medians and (task, "pipelined") in medians:
-            print(f"\n{task}: the pipelined loop runs {medians[(task, 'synchronous')] / medians[(task, 'pipelined')]:.2f}x the synchronous loop's steps per second (ratio of medians)")
+    for task, loop, mine in each_side(runs):
+        per_step = [r["seconds_per_step"] for r in mine]
+        medians[(task, loop)] = statistics.median(per_step)
+        print(f"| {task} | {loop} | {len(mine)} | {steps} | {statistics.median(per_step):.1f} [{min(per_step):.1f}-{max(per_step):.1f}] | "
+              f"{utilisation(mine, 'trainer_utilisation')} | {utilisation(mine, 'inference_utilisation')} | {sum(r['dropped_stale'] for r in mine):.0f} | "
+              f"{statistics.fmean(r['staleness_mean'] for r in mine):.2f} | {spread([r['peak_tree_pss_mb'] for r in mine])} | {ceiling_gflops(mine):.0f} |")  # fmt: skip
+    print_ratios(medians, "runs {:.2f}x the synchronous loop's steps per second")
 
 
 def main() -> None:
