@@ -337,6 +337,8 @@ class Backend(Protocol):
     :class:`tracerl.RemoteBackend` (the HTTP client of ``tracerl serve``, which wraps a
     ``LocalBackend`` on the machine with the GPUs, so rollouts can stay on a laptop).  Backend
     knobs are explicit keyword arguments of ``train``; an unknown keyword is a ``TypeError``.
+    Optional: ``policy_lease(model, step)``, an async context manager that keeps ``name@step``
+    served while it is held (``LocalBackend``; ``PipelineTrainer`` uses it where it exists).
     """
 
     async def register(self, model: "Model") -> None:

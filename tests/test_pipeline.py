@@ -2,7 +2,8 @@
 
 The real-model test runs the loop on SmolLM2 served by the transformers server with rollouts
 captured by ``tracerl.rollout``: every sampled turn names the policy that sampled it, a
-group held back until it is two steps stale is dropped and counted, groups started while a
+group held back until it is two steps stale still gets the policy it pinned (its lease) and is
+then dropped and counted, groups started while a
 step trained are trained one step stale with the off-policy correction's diagnostics in the
 row, retention never deletes the served checkpoint or one an in-flight group samples from,
 and a second run resumes at the next scenario and the same final step.
@@ -19,6 +20,7 @@ import tracerl
 from tracerl.errors import ConfigError
 from tracerl.loops.pipeline import PipelineReport
 from tracerl.loops.retention import CheckpointInfo, RetentionContext, keep_recent_and_top, metrics_by_step
+from tracerl.train.served_policies import ServedPolicies
 
 QUESTION = "Say one word."
 
@@ -34,6 +36,25 @@ def test_keep_recent_and_top_keeps_the_newest_and_the_best():
     assert metrics_by_step(rows) == {2: {"train/reward": 0.5, "val/reward": 1.0}}
 
 
+def test_served_policies_retire_the_old_ones_no_lease_holds():
+    served = ServedPolicies()
+    for step in (0, 1):
+        served.serve(step)
+    assert served.next_to_retire() is None  # the newest and its predecessor (stragglers) stay
+    served.hold(0)
+    served.hold(0)
+    served.serve(2)
+    served.serve(3)
+    assert served.next_to_retire() == 1  # 0 is leased twice
+    served.retire(1)
+    served.release(0)
+    assert served.next_to_retire() is None
+    served.release(0)
+    assert served.next_to_retire() == 0 and not served.leases
+    served.retire(0)
+    assert served.steps == {2, 3} and served.next_to_retire() is None
+
+
 def test_bad_settings_fail_before_anything_runs():
     model = tracerl.TrainableModel("p", "tests", "smollm2-135m")
     for bad in ({"max_staleness": -1}, {"groups_per_step": 0}, {"max_steps": True}):
@@ -43,15 +64,22 @@ def test_bad_settings_fail_before_anything_runs():
 
 @pytest.mark.real_model
 def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path):
+    pinned_answers: list[str] = []
+
     async def one(model: tracerl.TrainableModel, scenario: dict) -> tracerl.Trajectory:
         async with tracerl.rollout(model, task=scenario["id"]) as r:
+            pinned = model.get_inference_name()  # as a LangGraph agent builds its chat model once
             await model.openai_client().chat.completions.create(
-                model=model.get_inference_name(), messages=[{"role": "user", "content": QUESTION}], max_tokens=3, temperature=1.0
+                model=pinned, messages=[{"role": "user", "content": QUESTION}], max_tokens=3, temperature=1.0
             )
             if scenario["slow"]:  # a tool that answers only after two more steps: the group goes stale
                 async with asyncio.timeout(300):
-                    while await model.get_step() < scenario["started"] + 2:
+                    while model.policy_step(model.get_inference_name()) < scenario["started"] + 2:  # step 2 served, step 0 retired but for the lease
                         await asyncio.sleep(0.1)
+                again = await model.openai_client().chat.completions.create(  # the group's lease kept its policy served
+                    model=pinned, messages=[{"role": "user", "content": QUESTION}], max_tokens=1
+                )
+                pinned_answers.append(again.model)
             else:
                 await asyncio.sleep(0.3)  # a tool call's wait, so rollouts overlap the training step
         trajectory = r.trajectory
@@ -95,6 +123,8 @@ def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path):
             finally:
                 agent.cancel()
             assert not refused, f"{len(refused)} requests for the policy get_inference_name() named were refused: {sorted(set(refused))}"  # named once served
+            with pytest.raises(openai.NotFoundError):  # once its leases ended the old policy was retired
+                await model.openai_client().chat.completions.create(model=model.get_inference_name(0), messages=[{"role": "user", "content": QUESTION}], max_tokens=1)
             return report, model.history(), await backend.list_checkpoints(model)
         finally:
             await backend.close()
@@ -102,6 +132,7 @@ def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path):
     report, history, checkpoints = asyncio.run(run(4))
     rows = [row for row in history if "train/reward" in row]
     assert [row["step"] for row in rows] == [1, 2, 3, 4] == report.steps
+    assert pinned_answers == ["pipe@0"] * 3  # the slow group's pinned policy, after steps 1 and 2 were served
     assert report.groups_dropped_stale >= 1 and sum(row["train/groups_dropped_stale"] for row in rows) == report.groups_dropped_stale
     assert all(row["train/staleness_max"] <= 1 for row in rows)
     stale_rows = [row for row in rows if row["train/staleness_max"] == 1]

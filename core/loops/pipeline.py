@@ -16,6 +16,8 @@ are ready.  What keeps it honest:
   ratio (:func:`tracerl.train.grpo.policy_loss`); its diagnostics land in the step's row.
 - **Checkpoint retention** (:mod:`tracerl.loops.retention`) never deletes the served
   checkpoint, the one training starts from, or one an in-flight group samples from.
+- **Policy leases.** Each group holds its start step's policy served while it runs (where the
+  backend can: ``LocalBackend.policy_lease``), so an agent that pinned the name finishes.
 - **Resume.** Each step's row records how many scenarios had been started
   (``train/scenario_offset``); a rerun after a kill continues from there and from the newest
   complete checkpoint.  The groups in flight at the kill are not trained; none is trained twice.
@@ -24,6 +26,7 @@ are ready.  What keeps it honest:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import statistics
@@ -188,15 +191,23 @@ class PipelineTrainer:
             task.add_done_callback(self._finished)
 
     async def _one_group(self, index: int, scenario: Any, step: int) -> _Ready:
-        group = self.rollout_fn(self.model, scenario, self.config)
-        if inspect.isawaitable(group):
-            group = await group
-        if not isinstance(group, TrajectoryGroup):
-            raise ConfigError(f"rollout_fn must return a tracerl.TrajectoryGroup, got {type(group).__name__}")
-        (done,) = await gather_trajectory_groups(
-            [group], pbar_desc=None, max_exceptions=self.max_exceptions, rollout_timeout=self.rollout_timeout
-        )
+        async with self._lease(step):
+            group = self.rollout_fn(self.model, scenario, self.config)
+            if inspect.isawaitable(group):
+                group = await group
+            if not isinstance(group, TrajectoryGroup):
+                raise ConfigError(f"rollout_fn must return a tracerl.TrajectoryGroup, got {type(group).__name__}")
+            (done,) = await gather_trajectory_groups(
+                [group], pbar_desc=None, max_exceptions=self.max_exceptions, rollout_timeout=self.rollout_timeout
+            )
         return _Ready(done, step, index)
+
+    def _lease(self, step: int) -> contextlib.AbstractAsyncContextManager[Any]:
+        """Keep ``name@step`` served while a group that started on it runs (``LocalBackend.policy_lease``):
+        an agent that pinned the name at the start gets that policy on its last turn, however many steps
+        trained meanwhile, and its group is then dropped as stale rather than failed."""
+        lease = getattr(self.backend, "policy_lease", None)
+        return lease(self.model, step) if lease is not None else contextlib.nullcontext()
 
     def _finished(self, task: asyncio.Task[_Ready]) -> None:
         self._running.pop(task, None)

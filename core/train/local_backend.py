@@ -16,7 +16,7 @@ import math
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Literal
 
@@ -29,6 +29,7 @@ from ..runs.storage import TRAIN_SPLIT, RunDir, atomic_dir
 from ..types import Choice, TrainResult, TrajectoryGroup, check_groups
 from ..validation import DEFAULT_OFF_POLICY_CAP, check_train_arguments, describe_group, describe_trajectory
 from .sampled_turns import check_sampled_turns
+from .served_policies import ServedPolicies
 from .tokenization import TokenizeStats, TrainingSequence, tokenize_trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,6 +55,7 @@ class _Registered:
     tokenizer: Any = None
     merged_dir: Path | None = None
     """``serve_merged``: where the merged policy of the served step is written for vLLM to reload."""
+    served: ServedPolicies = field(default_factory=ServedPolicies)
 
 
 class LocalBackend:
@@ -160,6 +162,7 @@ class LocalBackend:
             state.server = server  # before start(): a start that fails half-way is stopped by register
             await server.start()
             await server.load_adapter(name, str(state.run_dir.checkpoint_path(step)))
+            state.served.serve(step)
             return server
         from ..inference.vllm_server import vllm_python
 
@@ -174,6 +177,7 @@ class LocalBackend:
             await self._reload_merged(state, step, await asyncio.to_thread(self._trainer, state), name)
         server.aliases.add(name)  # type: ignore[attr-defined]
         server.gate.policy = name  # type: ignore[attr-defined]
+        state.served.serve(step)
         return server
 
     def _server_options(self, state: _Registered) -> dict[str, Any]:
@@ -369,7 +373,8 @@ class LocalBackend:
 
     async def _publish(self, state: _Registered, model: TrainableModel, step: int, trainer: "LoRATrainer | None") -> float | None:
         """Serve committed checkpoint ``step`` as ``name@step`` (the adapter loaded, or the merged weights
-        written and reloaded), keeping ``step - 1`` for stragglers; ``trainer`` None: a skipped step.
+        written and reloaded), keeping ``step - 1`` for stragglers and what a lease holds; ``trainer`` None:
+        a skipped step.
         Returns the seconds it took, None when nothing is served."""
         loading = time.monotonic()
         if state.server is not None:
@@ -378,14 +383,43 @@ class LocalBackend:
                     await self._reload_merged(state, step, trainer, model.get_inference_name(step))
                 else:  # a skipped step copies the adapter: the served weights already are this policy
                     state.server.gate.policy = model.get_inference_name(step)  # type: ignore[attr-defined]
-                aliases = state.server.aliases  # type: ignore[attr-defined]
-                aliases.add(model.get_inference_name(step))
-                aliases.discard(model.get_inference_name(step - 2))  # stragglers of step-1 now get this step's weights
+                state.server.aliases.add(model.get_inference_name(step))  # type: ignore[attr-defined]
             else:
                 await state.server.load_adapter(model.get_inference_name(step), str(state.run_dir.checkpoint_path(step)))
-                await _unload_quietly(state.server, model.get_inference_name(step - 2))  # keep the previous for stragglers
+            state.served.serve(step)
+            await self._retire_old_policies(state)
         model.inference_model_name = model.get_inference_name(step)
         return time.monotonic() - loading if state.server is not None else None
+
+    async def _retire_old_policies(self, state: _Registered) -> None:
+        """Stop serving the policies no straggler or lease needs (merged serving: a dropped alias; a
+        request for it then gets a 404, as for an unloaded adapter)."""
+        assert state.server is not None
+        while (old := state.served.next_to_retire()) is not None:
+            state.served.retire(old)
+            name = state.model.get_inference_name(old)
+            if self.serve_merged:
+                state.server.aliases.discard(name)  # type: ignore[attr-defined]
+            else:
+                await _unload_quietly(state.server, name)
+
+    @contextlib.asynccontextmanager
+    async def policy_lease(self, model: Model, step: int) -> AsyncIterator[None]:
+        """Keep serving ``name@step`` while the block runs, however many steps train meanwhile.
+
+        For rollouts that pinned their policy's name when they started (a LangGraph agent builds
+        its chat model once): without the lease their turns after two more steps would get a 404
+        for a retired adapter.  ``PipelineTrainer`` holds one for each group it runs; the policy
+        is retired when the last lease on it ends, if it is by then two steps old.
+        """
+        state = self._state(model)
+        state.served.hold(step)
+        try:
+            yield
+        finally:
+            state.served.release(step)
+            if state.server is not None:
+                await self._retire_old_policies(state)
 
     async def train_sft(
         self,
