@@ -11,6 +11,7 @@ Run with:  flock /tmp/tracerl-heavy.lock .venv/bin/python -m pytest -q tests/tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from capture_fake_server import FakeOpenAIServer
 
@@ -237,6 +239,67 @@ async def test_one_train_at_a_time_per_model(served):
     assert sorted(r.step for r in results) == [1, 2, 3] and backend.max_active == 1
 
 
+class LeasingBackend(RecordingBackend):
+    """The recording stand-in with ``LocalBackend``'s ``policy_lease``: records what is held."""
+
+    def __init__(self, upstream: str | None) -> None:
+        super().__init__(upstream)
+        self.held: list[tuple[str, int]] = []
+
+    @contextlib.asynccontextmanager
+    async def policy_lease(self, model: Any, step: int) -> Any:
+        self.held.append((model.name, step))
+        try:
+            yield
+        finally:
+            self.held.remove((model.name, step))
+
+
+async def test_a_policy_lease_holds_until_released_or_expired(served, upstream, caplog):
+    _, url = served
+    async with tracerl.RemoteBackend(url) as remote:  # a backend that cannot lease says so
+        model = _model()
+        await model.register(remote)
+        with pytest.raises(RemoteBackendError, match="cannot lease") as caught:
+            async with remote.policy_lease(model, 0):
+                pass
+        assert caught.value.status == 501
+    leasing = LeasingBackend(upstream.base_url)
+    http, url = _serve(leasing)
+    try:
+        async with tracerl.RemoteBackend(url) as remote:
+            model = _model()
+            await model.register(remote)
+            async with remote.policy_lease(model, 0):
+                assert leasing.held == [("agent", 0)]
+            assert leasing.held == []
+            async with remote.policy_lease(model, 0, seconds=0.2):  # as if this process died in the block
+                await asyncio.sleep(1.0)
+                assert leasing.held == []  # the server ended it
+            assert "could not release the lease on agent@0" in caplog.text and "released already, or expired" in caplog.text
+            with pytest.raises(tracerl.ConfigError, match="seconds"):
+                async with remote.policy_lease(model, 0, seconds=-1):
+                    pass
+            with pytest.raises(tracerl.CheckpointError, match="not registered"):
+                async with remote.policy_lease(_model("nobody"), 0):
+                    pass
+        async with httpx.AsyncClient(base_url=url) as client:
+            leases = "/tracerl/v1/models/remote-tests/agent/leases"
+            assert (await client.post(leases, json={"step": "x"})).status_code == 400
+            assert (await client.delete(f"{leases}/nope")).status_code == 404
+    finally:
+        http.stop()
+    from fastapi.testclient import TestClient
+
+    shutting = LeasingBackend(upstream.base_url)
+    with TestClient(create_app(shutting)) as client:
+        registered = client.post("/tracerl/v1/models/register", json={"name": "agent", "project": "remote-tests", "base_model": "smollm2-135m"})
+        assert registered.status_code == 200, registered.text
+        assert client.post(leases, json={"step": 0}).status_code == 200  # never released: the shutdown ends it
+        assert shutting.held == [("agent", 0)]
+    assert shutting.closed and shutting.held == []
+
+
 async def test_token_is_required_everywhere_but_health(served_with_token):
     _, url = served_with_token
     async with httpx.AsyncClient(base_url=url) as client:
@@ -335,14 +398,19 @@ async def test_remote_training_of_the_real_model(tmp_path):
         for t in (t for g in groups for t in g.trajectories):
             [turn] = t.sampled_turns()
             assert turn.token_ids and turn.prompt_token_ids and len(turn.logprobs) == len(turn.token_ids)
-        result = await remote.train(model, groups, learning_rate=1e-4)
-        assert result.step == 1 and result.metrics["num_groups_trainable"] == 2
-        assert (tmp_path / "tests" / "models" / "remote-smol" / "checkpoints" / "0001" / "adapter_model.safetensors").exists()
-        assert model.get_inference_name() == "remote-smol@1" and await model.get_step() == 1
-        reply = await client.chat.completions.create(
-            model=model.get_inference_name(), messages=[{"role": "user", "content": "Hi"}], max_tokens=4
-        )
-        assert reply.model == "remote-smol@1" and reply.choices[0].message is not None
+        hi = [{"role": "user", "content": "Hi"}]
+        async with remote.policy_lease(model, 0):  # as PipelineTrainer holds one for each group it runs
+            result = await remote.train(model, groups, learning_rate=1e-4)
+            assert result.step == 1 and result.metrics["num_groups_trainable"] == 2
+            assert (tmp_path / "tests" / "models" / "remote-smol" / "checkpoints" / "0001" / "adapter_model.safetensors").exists()
+            assert model.get_inference_name() == "remote-smol@1" and await model.get_step() == 1
+            reply = await client.chat.completions.create(model=model.get_inference_name(), messages=hi, max_tokens=4)
+            assert reply.model == "remote-smol@1" and reply.choices[0].message is not None
+            await remote.train(model, groups, learning_rate=1e-4)  # step 2: step 0 is two steps old, and leased
+            pinned = await client.chat.completions.create(model="remote-smol@0", messages=hi, max_tokens=1)
+            assert pinned.model == "remote-smol@0"
+        with pytest.raises(openai.NotFoundError):  # the lease ended: the old policy was retired
+            await client.chat.completions.create(model="remote-smol@0", messages=hi, max_tokens=1)
         await remote.close()
     finally:
         _stop(process)

@@ -12,11 +12,12 @@ Only httpx is imported here: an agent process that trains remotely never loads t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import uuid
-from typing import Any, Iterable
+from typing import Any, AsyncIterator, Iterable
 
 import httpx
 
@@ -213,6 +214,23 @@ class RemoteBackend:
         path = self._path(self._trainable(model), "delete_checkpoints")
         answer = await self._request("POST", path, "delete_checkpoints", {"keep": list(keep)})
         return [int(step) for step in answer["deleted"]]
+
+    @contextlib.asynccontextmanager
+    async def policy_lease(self, model: Model, step: int, *, seconds: float | None = None) -> AsyncIterator[None]:
+        """``LocalBackend.policy_lease`` on the server: keep ``name@step`` served while the block runs.
+
+        ``PipelineTrainer`` holds one per group.  Should this process die inside the block, the
+        server ends the lease after ``seconds`` (its default: an hour; at most a day).
+        """
+        path = self._path(self._trainable(model), "leases")
+        answer = await self._request("POST", path, "policy_lease", {"step": step, "seconds": seconds})
+        try:
+            yield
+        finally:
+            try:
+                await self._request("DELETE", f"{path}/{answer['lease']}", "policy_lease release")
+            except RemoteBackendError as error:  # the server ends it when it expires
+                log.warning("tracerl: could not release the lease on %s: %s", model.get_inference_name(step), error)
 
     async def close(self) -> None:
         """Close the HTTP connections (the server and its models keep running)."""

@@ -3,7 +3,7 @@
 Two surfaces on one port, so a laptop needs a single URL:
 
 - ``/tracerl/v1/...``: the :class:`~tracerl.Backend` calls of :class:`~tracerl.RemoteBackend`
-  (register, train, step, checkpoints, delete_checkpoints) plus an unauthenticated ``health``;
+  (register, train, step, checkpoints, delete_checkpoints, leases) plus an unauthenticated ``health``;
 - ``/v1/...``: the OpenAI routes rollouts use (``chat/completions`` streamed or not,
   ``completions``, ``models``), proxied to the inference server of the model named in the
   request.  Adapter loading is not exposed: ``train`` hot-loads the new step itself.
@@ -39,6 +39,7 @@ from ..net.untraced import untraced_fastapi
 from ..redact import register_secret
 from ..timeouts import DEFAULT_INFERENCE_TIMEOUT, check_timeout, within
 from .idempotency import DEFAULT_KEYS_PER_MODEL, IDEMPOTENCY_HEADER, TrainResults
+from .leases import MAX_LEASES, HeldLeases, lease_seconds
 from .middleware import DEFAULT_MAX_BODY_MB, AccessLog, BodyLimit, BodyTooLargeError
 from .policy import ForbiddenError, ModelPolicy
 from .remote_backend import API, decode_groups
@@ -131,6 +132,7 @@ class _State:
         """Open rollout gateway tokens -> the model whose inference server holds each (bounded)."""
         self._http: httpx.AsyncClient | None = None
         self.tinker: TinkerService | None = None
+        self.leases = HeldLeases(backend)
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -165,6 +167,7 @@ class _State:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        await self.leases.close()
         await self.backend.close()
 
 
@@ -340,6 +343,27 @@ def create_app(
         model = state.model(project, name)
         async with state.locks[name]:
             return {"deleted": await backend.delete_checkpoints(model, keep=keep)}
+
+    @router.post(API + "/models/{project}/{name}/leases")
+    async def open_lease(project: str, name: str, request: Request) -> dict[str, Any]:
+        """Keep ``name@step`` served while a client's rollouts that pinned it run (``RemoteBackend.policy_lease``)."""
+        body = await _json(request)
+        step = body.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"'step' must be a checkpoint step (an integer >= 0), got {step!r}")
+        seconds = lease_seconds(body.get("seconds"))
+        model = state.model(project, name)
+        if not state.leases.supported:
+            raise ServeError(501, "NotImplementedError", "this server's backend cannot lease a policy")
+        if state.leases.full:
+            raise ServeError(429, "TooManyLeasesError", f"{MAX_LEASES} policy leases are open here: release some first")
+        return {"lease": await state.leases.open(model, step, seconds), "seconds": seconds}
+
+    @router.delete(API + "/models/{project}/{name}/leases/{lease}")
+    async def release_lease(project: str, name: str, lease: str) -> dict[str, Any]:
+        if not await state.leases.release(state.model(project, name), lease):
+            raise ServeError(404, "NotFoundError", f"no open lease {lease!r} on {project}/{name}: released already, or expired")
+        return {"released": lease}
 
     @router.get("/v1/models")
     async def list_models() -> dict[str, Any]:
