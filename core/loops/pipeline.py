@@ -81,6 +81,7 @@ class PipelineTrainer:
     ``train_kwargs`` go to ``backend.train`` unchanged (``learning_rate``, ``loss_fn``,
     ``off_policy_cap``, ...).  ``eval_fn`` runs at the start and every ``eval_every_n_steps``;
     ``stop()``, checked after each step and its eval, ends the run early (a held-out target reached).
+    ``pbar_desc``: the step bar's label (None: no bar).
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class PipelineTrainer:
         max_exceptions: int | float = 0.25,
         rollout_timeout: float | None = None,
         stop: Callable[[], bool] | None = None,
+        pbar_desc: str | None = "pipeline",
     ) -> None:
         for name, value, least in (("groups_per_step", groups_per_step, 1), ("max_steps", max_steps, 0),
                                    ("max_staleness", max_staleness, 0), ("eval_every_n_steps", eval_every_n_steps, 0)):  # fmt: skip
@@ -114,6 +116,7 @@ class PipelineTrainer:
         self.checkpoint_retention = checkpoint_retention
         self.max_exceptions, self.rollout_timeout = max_exceptions, rollout_timeout
         self.stop = stop
+        self.pbar_desc = pbar_desc
         self._ready: list[_Ready] = []
         self._running: dict[asyncio.Task[_Ready], int] = {}  # task -> the step it started on
         self._failed: list[BaseException] = []  # a group whose rollouts failed past max_exceptions
@@ -130,6 +133,7 @@ class PipelineTrainer:
         offset = _resumed_offset(self.model.history())
         scenarios = _skip(iter(self.scenarios), offset)
         await self._evaluate(step, at_start=True)
+        bar = _step_bar(self.max_steps, step, self.pbar_desc)
         try:
             while step < self.max_steps:
                 self._start_groups(scenarios, step)
@@ -158,9 +162,15 @@ class PipelineTrainer:
                     "groups_in_flight": float(len(self._running)),
                     OFFSET_METRIC: float(offset),
                 }
-                await self.model.log([item.group for item in batch], split="train", metrics=metrics, step=step)
+                row = await self.model.log([item.group for item in batch], split="train", metrics=metrics, step=step)
                 report.steps.append(step)
                 report.groups_trained += len(batch)
+                if bar is not None:
+                    bar.set_postfix(
+                        {"reward": f"{row.get('train/reward', float('nan')):.3f}", "staleness": f"{metrics['staleness_mean']:.2f}",
+                         "dropped": report.groups_dropped_stale, "in flight": len(self._running)}, refresh=False,
+                    )  # fmt: skip
+                    bar.update(step - bar.n)
                 if self.checkpoint_retention is not None:
                     report.deleted_checkpoints += await apply_retention(
                         self.model, self.backend, self.checkpoint_retention, protected=self._in_use(step)
@@ -170,6 +180,8 @@ class PipelineTrainer:
                     log.info("pipeline: stop() is true at step %d", step)
                     break
         finally:
+            if bar is not None:
+                bar.close()
             await self._stop()
         report.seconds = time.monotonic() - started
         return report
@@ -270,6 +282,15 @@ class PipelineTrainer:
         if not due or any(row.get("step") == step and "val/reward" in row for row in self.model.history()):
             return
         await self.model.log(list(await self.eval_fn(self.model, step)), split="val", step=step)
+
+
+def _step_bar(total: int, done: int, desc: str | None) -> Any:
+    """A tqdm bar of steps (None without ``desc``): reward, staleness, groups dropped and in flight after each."""
+    if desc is None:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=min(done, total), desc=desc, unit="step", dynamic_ncols=True)
 
 
 def _resumed_offset(history: list[dict[str, Any]]) -> int:
