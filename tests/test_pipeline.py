@@ -12,6 +12,7 @@ and a second run resumes at the next scenario and the same final step.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import openai
 import pytest
@@ -155,3 +156,52 @@ def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path, c
     assert report2.steps == [5]
     offsets = [row["train/scenario_offset"] for row in history2 if "train/scenario_offset" in row]
     assert offsets == sorted(offsets) and len(offsets) == 5 and offsets[-1] > offsets[-2]
+
+
+def test_a_backend_told_the_server_has_its_own_device_serves_while_it_trains(tmp_path):
+    """``pause_serving_while_training=False``: requests are answered during the optimizer step (by default they wait)."""
+
+    async def main() -> None:
+        model = tracerl.TrainableModel("overlap", "tests", "smollm2-135m", base_path=tmp_path)
+        backend = tracerl.LocalBackend(inference="transformers", pause_serving_while_training=False)
+        await model.register(backend)
+        try:
+            trajectories = []
+            for reward in (0.0, 1.0):
+                async with tracerl.rollout(model, task="overlap") as r:
+                    await model.openai_client().chat.completions.create(
+                        model=model.get_inference_name(), messages=[{"role": "user", "content": QUESTION}], max_tokens=3, temperature=1.0
+                    )
+                r.trajectory.reward = reward
+                trajectories.append(r.trajectory)
+            windows: list[tuple[float, float]] = []
+            run_step = backend._run_step  # our own backend's optimizer step, timed
+
+            def timed_step(*args: object) -> dict[str, float]:
+                started = time.monotonic()
+                try:
+                    return run_step(*args)
+                finally:
+                    windows.append((started, time.monotonic()))
+
+            backend._run_step = timed_step
+            answered: list[float] = []
+
+            async def agent() -> None:
+                while True:
+                    await model.openai_client().chat.completions.create(
+                        model=model.get_inference_name(0), messages=[{"role": "user", "content": QUESTION}], max_tokens=1
+                    )
+                    answered.append(time.monotonic())
+
+            asking = asyncio.create_task(agent())
+            try:
+                await backend.train(model, [tracerl.TrajectoryGroup(trajectories)], learning_rate=1e-4)
+            finally:
+                asking.cancel()
+            [(started, ended)] = windows
+            assert any(started < t < ended for t in answered), f"no answer during the {ended - started:.1f} s step"
+        finally:
+            await backend.close()
+
+    asyncio.run(main())

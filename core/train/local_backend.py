@@ -73,6 +73,7 @@ class LocalBackend:
         serve_merged: bool = False,
         train_workers: int = 1,
         gradient_checkpointing: bool | int = False,
+        pause_serving_while_training: bool = True,
     ) -> None:
         """``path``: data directory (overrides the model's ``base_path``); ``inference=None`` trains without serving.
 
@@ -89,6 +90,12 @@ class LocalBackend:
         trainer's peak memory for up to ~35% more step time; an int ``n`` checkpoints every n-th
         decoder layer only, in between (:class:`~tracerl.train.trainer.LoRATrainer`; one process only
         for now).
+
+        ``pause_serving_while_training=False`` lets the server go on generating while a step
+        trains.  Keep the default where serving and training share the compute (this CPU, one
+        GPU): the two would only slow each other.  Turn it off when the server has its own
+        device or cores; that is what lets :class:`~tracerl.PipelineTrainer` overlap rollouts
+        with training (``bench/pipeline.py --split-cores``).
         """
         if inference not in (None, "auto", "vllm", "transformers"):
             raise ConfigError(f"inference must be 'auto', 'vllm', 'transformers' or None, got {inference!r}")
@@ -101,6 +108,7 @@ class LocalBackend:
         self.max_seq_len = max_seq_len
         self.server_options = dict(server_options or {})
         self.serve_merged = serve_merged
+        self.pause_serving_while_training = pause_serving_while_training
         if train_workers < 1:
             raise ConfigError(f"train_workers must be >= 1, got {train_workers}")
         if gradient_checkpointing and train_workers > 1:
@@ -208,6 +216,10 @@ class LocalBackend:
         state = self._state(model)
         state.lock.acquire()
         return state
+
+    def _serving_paused(self, state: _Registered) -> contextlib.AbstractAsyncContextManager[None]:
+        """Generation held for the step, unless ``pause_serving_while_training=False``."""
+        return _serving_paused(state.server if self.pause_serving_while_training else None)
 
     def _trainer(self, state: _Registered) -> "LoRATrainer":
         """Load the trainer lazily (resuming from the newest checkpoint's adapter and optimizer)."""
@@ -455,7 +467,7 @@ class LocalBackend:
         pad = tokenizer.pad_token_id or 0
         trainer = await asyncio.to_thread(self._trainer, state)
         try:
-            async with _serving_paused(state.server):
+            async with self._serving_paused(state):
                 metrics = await asyncio.to_thread(run_sft, trainer, run, config, max_tokens=self.micro_batch_tokens, pad_token_id=pad)
             metrics["step_seconds"] = time.monotonic() - started
             await asyncio.to_thread(commit, state.run_dir, step, trainer, metrics)
@@ -479,7 +491,7 @@ class LocalBackend:
         """
         trainer = await asyncio.to_thread(self._trainer, state)
         try:
-            async with _serving_paused(state.server):  # two cores: don't generate and train at once
+            async with self._serving_paused(state):
                 metrics.update(await asyncio.to_thread(self._run_step, trainer, sequences, config, state))
             return True
         except NonFiniteError as error:
@@ -667,7 +679,7 @@ async def _unload_quietly(server: Any, name: str) -> None:
 
 @contextlib.asynccontextmanager
 async def _serving_paused(server: Any) -> AsyncIterator[None]:
-    """Hold generation while training when the server can pause (the in-process transformers server)."""
+    """Hold generation while training when the server can pause (both servers can; ``None``: no pause)."""
     pause, resume = getattr(server, "pause", None), getattr(server, "resume", None)
     if pause is None or resume is None:
         yield
