@@ -24,9 +24,15 @@ reports seconds per step: the throughput each loop sustains once the first step 
 which the race to a target reached at step 1 or 2 cannot show.  Its results go to
 ``bench/pipeline_steps.json``.
 
+``--split-cores`` stands in for a trainer on a device of its own: inference (vLLM, its engine
+and the MCP server) runs on core 0 and the loop with its trainer on core 1, in both loops
+alike, and the backend does not pause serving while a step trains
+(``LocalBackend(pause_serving_while_training=False)``).  Its results go to ``*_split_cores.json``.
+
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2              (make bench-pipeline)
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2 --steps 4    (make bench-pipeline)
-    .venv/bin/python bench/pipeline.py --table-only [--steps 4]
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2 --steps 4 --split-cores
+    .venv/bin/python bench/pipeline.py --table-only [--steps 4] [--split-cores]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -114,6 +121,15 @@ class InferenceBusy:
         return sum(1 for s in self.samples if s > 0) / len(self.samples) if self.samples else None
 
 
+INFERENCE_CORE, TRAINER_CORE = 0, 1
+
+
+def pin_process(core: int) -> None:
+    """Pin every thread of this process to one core; threads and processes it starts later inherit it."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), {core})
+
+
 class TimedBackend:
     """The backend, with the time inside ``train`` summed (the trainer's busy time)."""
 
@@ -140,11 +156,19 @@ async def run_one(loop: str, task: str, seed: int, args: argparse.Namespace) -> 
     train_tasks, val_tasks = demo.make_tasks(seed, 400), demo.make_tasks(10_000 + seed, dargs.val_tasks)
     model = demo.make_model(dargs, name=f"{loop}-{task}-s{seed}")
     backend = TimedBackend(demo.make_backend(dargs))
+    if args.split_cores:
+        backend.backend.pause_serving_while_training = False  # inference has a core of its own: it goes on while a step trains
+        pin_process(INFERENCE_CORE)  # vLLM and the MCP server start from here, so they inherit it (vLLM binds its threads to what it has)
     await model.register(backend.backend)
     evals: list[dict[str, float]] = []
     clock = {"start": 0.0}
 
     async with SlowAdd() if task == "slow_tool" else contextlib.nullcontext() as add_tool:
+        if args.split_cores:
+            import torch
+
+            pin_process(TRAINER_CORE)  # the loop and its trainer threads (asyncio.to_thread) from here on
+            torch.set_num_threads(1)
 
         def one(t: dict, temperature: float, rollout_seed: int | None) -> Any:
             return demo.rollout(model, t, temperature=temperature, seed=rollout_seed, add_tool=add_tool)
@@ -202,9 +226,15 @@ async def run_one(loop: str, task: str, seed: int, args: argparse.Namespace) -> 
         "seconds_per_step": round(wall / len(rows), 2) if rows else None, "trainer_utilisation": round(backend.busy / wall, 3),
         "inference_utilisation": round(inference, 3) if inference is not None else None,
         "serving": "merged" if backend.backend.serve_merged else "lora", "evals": evals,
-        "dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in rows),
+        "split_cores": args.split_cores, "step_parts_seconds": step_parts(rows), "dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in rows),
         "staleness_mean": statistics.fmean(r.get("train/staleness_mean", 0.0) for r in rows) if rows else 0.0,
     }  # fmt: skip
+
+
+def step_parts(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean seconds per step inside ``backend.train``: the optimizer step, the checkpoint save, the hot-load."""
+    parts = ("train_seconds", "save_seconds", "hot_load_seconds")
+    return {part: round(statistics.fmean(r.get(f"train/{part}", 0.0) for r in rows), 2) for part in parts} if rows else {}
 
 
 # -- the driver ---------------------------------------------------------------------------
@@ -214,6 +244,7 @@ def run_worker(loop: str, task: str, seed: int, args: argparse.Namespace) -> dic
     ceiling = measure_ceiling()
     cmd = [sys.executable, __file__, "--worker", loop, "--task", task, "--seed", str(seed), "--target", str(args.target),
            "--max-steps", str(args.max_steps), "--max-staleness", str(args.max_staleness), "--steps", str(args.steps)]  # fmt: skip
+    cmd += ["--split-cores"] if args.split_cores else []
     from serving_speed import TreeRSS
 
     print(f"running {loop} on {task}, seed {seed} ...", flush=True)
@@ -298,7 +329,8 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=20)
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--steps", type=int, default=0, help="run exactly this many steps with no eval and report seconds per step (0: the race to --target)")
-    p.add_argument("--results", type=Path, default=None, help="default: bench/pipeline.json, or bench/pipeline_steps.json with --steps")
+    p.add_argument("--split-cores", action="store_true", help="inference on core 0, the loop and its trainer on core 1 (a trainer on its own device)")
+    p.add_argument("--results", type=Path, default=None, help="default: bench/pipeline.json, or bench/pipeline_steps.json with --steps; *_split_cores.json with --split-cores")
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--worker", choices=LOOPS)
     p.add_argument("--task", choices=TASKS)
@@ -308,7 +340,7 @@ def main() -> None:
         print("RESULT " + json.dumps(asyncio.run(run_one(args.worker, args.task, args.seed, args))), flush=True)
         return
     if args.results is None:
-        args.results = ROOT / "bench" / ("pipeline_steps.json" if args.steps else "pipeline.json")
+        args.results = ROOT / "bench" / f"{'pipeline_steps' if args.steps else 'pipeline'}{'_split_cores' if args.split_cores else ''}.json"
     runs: list[dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else []
     if not args.table_only:
         runs = [r for r in runs if not (r["task"] in args.tasks.split(",") and str(r["seed"]) in args.seeds.split(","))]
