@@ -136,12 +136,13 @@ chaos: $(STAMP)
 
 # the synchronous loop vs tracerl.PipelineTrainer, time and steps to held-out 0.9 on the demo task and
 # on the demo with a slow MCP tool, 3 seeds each (~30 min), then seconds per step over 4 steps (~30 min),
-# then the same with inference on core 0 and the trainer on core 1 (~35 min);
-# results in bench/pipeline.json, bench/pipeline_steps.json and bench/pipeline_steps_split_cores.json
+# then both with inference on core 0 and the trainer on core 1 (~35 min; the race on the slow tool only, ~15 min);
+# results in bench/pipeline.json, bench/pipeline_steps.json and their *_split_cores.json
 bench-pipeline: $(STAMP)
 	$(BIN)/python bench/pipeline.py --seeds 0,1,2
 	$(BIN)/python bench/pipeline.py --seeds 0,1,2 --steps 4
 	$(BIN)/python bench/pipeline.py --seeds 0,1,2 --steps 4 --split-cores
+	$(BIN)/python bench/pipeline.py --seeds 0,1,2 --tasks slow_tool --split-cores
 
 # 4 models on one tracerl serve --tinker vs 4 LocalBackends: memory, steps/hour, decode speed (~25 min)
 bench-multitenant: $(STAMP)

@@ -31,7 +31,8 @@ alike, and the backend does not pause serving while a step trains
 
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2              (make bench-pipeline)
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2 --steps 4    (make bench-pipeline)
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2 --steps 4 --split-cores
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2 --steps 4 --split-cores       (make bench-pipeline)
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/pipeline.py --seeds 0,1,2 --tasks slow_tool --split-cores   (make bench-pipeline)
     .venv/bin/python bench/pipeline.py --table-only [--steps 4] [--split-cores]
 """
 

@@ -217,7 +217,7 @@ class LocalBackend:
         state.lock.acquire()
         return state
 
-    def _serving_paused(self, state: _Registered) -> contextlib.AbstractAsyncContextManager[None]:
+    def _paused_for_step(self, state: _Registered) -> contextlib.AbstractAsyncContextManager[None]:
         """Generation held for the step, unless ``pause_serving_while_training=False``."""
         return _serving_paused(state.server if self.pause_serving_while_training else None)
 
@@ -467,7 +467,7 @@ class LocalBackend:
         pad = tokenizer.pad_token_id or 0
         trainer = await asyncio.to_thread(self._trainer, state)
         try:
-            async with self._serving_paused(state):
+            async with self._paused_for_step(state):
                 metrics = await asyncio.to_thread(run_sft, trainer, run, config, max_tokens=self.micro_batch_tokens, pad_token_id=pad)
             metrics["step_seconds"] = time.monotonic() - started
             await asyncio.to_thread(commit, state.run_dir, step, trainer, metrics)
@@ -491,7 +491,7 @@ class LocalBackend:
         """
         trainer = await asyncio.to_thread(self._trainer, state)
         try:
-            async with self._serving_paused(state):
+            async with self._paused_for_step(state):
                 metrics.update(await asyncio.to_thread(self._run_step, trainer, sequences, config, state))
             return True
         except NonFiniteError as error:
