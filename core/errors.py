@@ -148,3 +148,12 @@ class RunLockedError(CheckpointError):
         self.path = path
         self.pid = pid
         self.host = host
+
+
+class MismatchError(TracerlError, RuntimeError):
+    """The trainer's logprobs of the sampled tokens disagree with the sampler's beyond the step's
+    ``max_mismatch_kl``: training would be off-policy without knowing it.  Nothing was applied."""
+
+    def __init__(self, message: str, *, metrics: dict[str, float] | None = None) -> None:
+        super().__init__(message)
+        self.metrics = dict(metrics or {})

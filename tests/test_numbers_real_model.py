@@ -38,7 +38,7 @@ def make_group(tok, rewards=(1.0, 0.0)) -> tracerl.TrajectoryGroup:
     def trajectory(text: str, reward: float) -> tracerl.Trajectory:
         ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         choice = tracerl.Choice(
-            message={"role": "assistant", "content": text}, token_ids=ids, prompt_token_ids=prompt, logprobs=[-1.0] * len(ids)
+            message={"role": "assistant", "content": text}, token_ids=ids, prompt_token_ids=prompt, logprobs=None
         )
         return tracerl.Trajectory(messages_and_choices=[*QUESTION, choice], reward=reward)
 
@@ -135,7 +135,7 @@ async def test_a_non_finite_sampler_logprob_never_trains(served, smol_tokenizer)
         tracerl.Choice(message={"role": "assistant", "content": "x"}, token_ids=[1], logprobs=[NAN])
     group = make_group(smol_tokenizer)
     turn = group.trajectories[0].sampled_turns()[0]
-    turn.logprobs[1] = INF  # in place, after validation
+    turn.__dict__["logprobs"] = [-1.0, INF] + [-1.0] * (len(turn.token_ids) - 2)  # past the validator
     with pytest.raises(tracerl.TrajectoryError, match=r"trajectory 0 \(id \w+\), history 0, turn 1: the sampler logprob at position 1 is inf"):
         await backend.train(model, [group])
     await _assert_nothing_changed(backend, model, step)

@@ -96,6 +96,6 @@ def test_a_step_on_packed_batches_runs(tiny_trainer):
     from tracerl.train.trainer import StepConfig
 
     seqs = sequences()
-    metrics = tiny_trainer.step(pack_sequences(seqs, [1.0] * len(seqs), max_tokens=12), StepConfig(learning_rate=1e-3, loss_fn="ppo"))
+    metrics = tiny_trainer.step(pack_sequences(seqs, [1.0] * len(seqs), max_tokens=12), StepConfig(learning_rate=1e-3, loss_fn="ppo", max_mismatch_kl=None))
     assert metrics["trained_tokens"] == 17 and metrics["grad_norm"] > 0 and metrics["num_micro_batches"] > 1
     assert metrics["sampler_trainer_prob_corr"] == metrics["sampler_trainer_prob_corr"]

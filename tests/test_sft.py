@@ -165,7 +165,7 @@ def test_examples_without_a_shared_prefix_fill_rows_as_long_as_the_longest_and_s
     assert tuple(mb.input_ids_BT.shape) == (2, 14)
     assert mb.input_ids_BT[0].tolist() == examples[0].token_ids
     assert mb.input_ids_BT[1, :13].tolist() == examples[1].token_ids + examples[2].token_ids
-    allowed = mb.attention_mask_B1TT[1, 0] == 0
+    allowed = mb.allowed_B1TT()[1, 0]
     for span in (range(0, 6), range(6, 13)):  # each example sees exactly itself, causally
         for q in span:
             assert {k for k in range(14) if allowed[q, k]} == set(range(span.start, q + 1))

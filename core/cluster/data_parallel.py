@@ -143,8 +143,7 @@ def train_step_data_parallel(
         batches = Path(scratch, "micro_batches.pt")
         torch.save(list(micro_batches), batches)
         job = {"model_path": str(model_path), "adapter_path": str(adapter_path) if adapter_path else None,
-               "lora": asdict(lora), "config": {**asdict(config), "loss_fn": config.loss_fn.value,
-                                                "importance_level": config.importance_level.value},
+               "lora": asdict(lora), "config": config.to_dict(),
                "device": device, "step": step, "batches": str(batches), "out": str(out),
                "metrics": str(Path(scratch, "metrics.json"))}
         Path(scratch, "job.json").write_text(json.dumps(job))

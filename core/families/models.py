@@ -78,12 +78,15 @@ def stop_token_ids(tokenizer: Any, family: str) -> list[int]:
 
 
 def write_random_model(
-    family: str, folder: str | Path, *, shape: str = "tiny", seed: int = 0, dtype: str = "float32", device: str = "cpu"
+    family: str, folder: str | Path, *, shape: str = "tiny", seed: int = 0, dtype: str = "float32", device: str = "cpu",
+    overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Save a randomly initialised ``family`` model (``shape``) and the family's tokenizer to ``folder``.
 
     The weights are fp32, or ``dtype`` (``"bfloat16"`` on a GPU); ``device`` is where they are
-    initialised (a GPU initialises billions of parameters in seconds).  Raises
+    initialised (a GPU initialises billions of parameters in seconds).  ``overrides``: configuration
+    settings over the family's (a shrunk ``sliding_window``, a larger ``initializer_range`` for
+    sharper random logits).  Raises
     ``FileNotFoundError`` naming the set-up step when the family's files are not installed."""
     import torch
     import transformers
@@ -101,7 +104,7 @@ def write_random_model(
     tokenizer = AutoTokenizer.from_pretrained(family_dir(family))
     stops = stop_token_ids(tokenizer, family)
     vocab = -(-len(tokenizer) // 64) * 64  # real checkpoints pad their embedding rows too
-    settings = {**SHAPES[shape], **architecture.real}
+    settings = {**SHAPES[shape], **architecture.real, **(overrides or {})}
     config = getattr(transformers, architecture.config)(
         vocab_size=vocab, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id or stops[0],
         bos_token_id=tokenizer.bos_token_id, **settings,

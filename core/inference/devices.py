@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import InsufficientMemoryError
+from ..errors import ConfigError, InsufficientMemoryError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -43,10 +43,21 @@ def is_cuda(device: "str | torch.device") -> bool:
     return str(device).startswith("cuda")
 
 
-def dtype_for(device: "str | torch.device") -> "torch.dtype":
-    """The dtype a model's weights take on ``device``: bf16 on CUDA, fp32 elsewhere."""
+DTYPES = ("auto", "float32", "bfloat16")
+"""The weight formats tracerl trains and serves in (``"auto"``: :func:`dtype_for` the device)."""
+
+
+def dtype_for(device: "str | torch.device", dtype: "str | torch.dtype | None" = None) -> "torch.dtype":
+    """The dtype a model's weights take on ``device``: ``dtype`` when given (a name of :data:`DTYPES`
+    or a torch dtype), else bf16 on CUDA and fp32 elsewhere."""
     import torch
 
+    if dtype is not None and dtype != "auto":
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+        return getattr(torch, dtype)
     return torch.bfloat16 if is_cuda(device) else torch.float32
 
 

@@ -29,7 +29,7 @@ from ..inference.devices import (
     default_device,
     dtype_for,
 )
-from ..train.grpo import chunked_token_logprobs
+from ..train.forward import PolicyForward, Sampling, load_causal_lm
 from ..train.packing import MicroBatch, pack_sequences
 from ..train.tokenization import TrainingSequence
 from ..train.trainer import enable_checkpointing
@@ -87,13 +87,14 @@ class LoRAPool:
         """``batch_tokens``: padded tokens of one forward pass at most (:func:`pack`).
         ``gradient_checkpointing``: as :class:`~tracerl.train.trainer.LoRATrainer`'s; every 2nd layer by
         default, as the demo trains (without it a 4,096-token pass keeps ~5 GB of activations here)."""
-        from transformers import AutoModelForCausalLM
-
         self.device = device or default_device()
-        self.dtype = dtype or dtype_for(self.device)
+        self.dtype = dtype_for(self.device, dtype)
         check_room_for(model_path, self.device, overhead=TRAIN_OVERHEAD, what="the trainer", dtype=self.dtype)
-        self.base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device)
+        base, attention = load_causal_lm(model_path, self.dtype)
+        self.base = base.to(self.device)
         self.base.config.use_cache = False
+        self.policy_forward = PolicyForward(self.base, implementation=attention, device=self.device, dtype=self.dtype)
+        self.policy_forward.check_against_model(self.base.get_input_embeddings().num_embeddings)
         enable_checkpointing(self.base, gradient_checkpointing)
         self.vocab_size = self.base.get_input_embeddings().num_embeddings
         self.batch_tokens = batch_tokens
@@ -156,7 +157,7 @@ class LoRAPool:
         with torch.set_grad_enabled(backward):
             for batch in pack(datums, self.batch_tokens):
                 losses = []
-                for index, logprobs_T in self._target_logprobs(batch, datums, adapter.spec.train_unembed):
+                for index, logprobs_T in self._target_logprobs(batch, datums):
                     inputs = {k: v.to(self.device, torch.float32) if k != "target_tokens" else v for k, v in datums[index].inputs.items()}
                     loss = tinker_loss(loss_fn, logprobs_T, inputs, loss_fn_config)
                     if not torch.isfinite(loss):
@@ -169,26 +170,13 @@ class LoRAPool:
                 total += float(loss.detach())
         return [logprobs_out[i] for i in range(len(datums))], total
 
-    def _target_logprobs(self, batch: MicroBatch, datums: Sequence[Datum], lora_unembedding: bool) -> list[tuple[int, torch.Tensor]]:
-        """``(datum index, logprobs of its targets)`` for each datum packed in ``batch``, from one forward pass.
-
-        The projection to the vocabulary runs on the picked positions only; without a LoRA on the
-        unembedding, chunk by chunk (:func:`tracerl.train.grpo.chunked_token_logprobs`)."""
-        causal_lm = self.peft_model.get_base_model()
-        hidden_BTH = causal_lm.model(
-            input_ids=batch.input_ids_BT.to(self.device),
-            position_ids=batch.position_ids_BT.to(self.device),
-            attention_mask=batch.attention_mask_B1TT.to(self.device, dtype=self.dtype),
-        ).last_hidden_state
-        hidden_NH = hidden_BTH[batch.rows_N.to(self.device), batch.positions_N.to(self.device)].float()
+    def _target_logprobs(self, batch: MicroBatch, datums: Sequence[Datum]) -> list[tuple[int, torch.Tensor]]:
+        """``(datum index, logprobs of its targets)`` for each datum packed in ``batch``, from one forward pass
+        through the trainer's own route (:class:`tracerl.train.forward.PolicyForward`: the model's attention
+        per layer type and its output path, a LoRA on the unembedding included)."""
         indices, counts = torch.unique_consecutive(batch.sequence_ids_N, return_counts=True)
         targets = torch.cat([datums[i].inputs["target_tokens"] for i in indices.tolist()]).to(self.device, torch.long)
-        if lora_unembedding:
-            logits_NV = causal_lm.get_output_embeddings()(hidden_NH.to(self.dtype)).float()
-            logprobs = torch.log_softmax(logits_NV, dim=-1).gather(-1, targets[:, None])[:, 0]
-        else:
-            weight = causal_lm.get_output_embeddings().weight
-            logprobs = chunked_token_logprobs(hidden_NH[None], weight.float(), targets[None])[0][0]
+        logprobs = self.policy_forward.token_logprobs(batch, targets, Sampling())[0]
         return list(zip(indices.tolist(), logprobs.split(counts.tolist())))
 
     def _check_tokens(self, datum: Datum) -> None:

@@ -84,6 +84,8 @@ class LossOutput:
     off_policy_ratio_max: float = 0.0
     off_policy_truncated: float = 0.0
     """Stale tokens whose importance weight ``π_trainer / π_sampler`` was above the cap."""
+    mismatch_masked: float = 0.0
+    """Fresh tokens dropped by ``mismatch_correction="mis"`` (ratio outside the band)."""
 
 
 def policy_loss(
@@ -102,6 +104,8 @@ def policy_loss(
     sequence_ids_BT: torch.Tensor | None = None,
     policy_lag_BT: torch.Tensor | None = None,
     off_policy_cap: float | None = DEFAULT_OFF_POLICY_CAP,
+    mismatch_correction: str = "none",
+    mismatch_cap: float = 2.0,
 ) -> LossOutput:
     """The GRPO policy loss on trained tokens (``weights_BT > 0``).
 
@@ -121,6 +125,11 @@ def policy_loss(
     would instead clip to the sampler: a ratio already outside ``[1-ε, 1+ε]`` after a step
     or two zeroes the token's gradient (PPO) or biases it (CISPO's truncation).
     ``off_policy_cap=None`` turns the correction off (stale tokens are treated as fresh).
+
+    Train–inference mismatch on the fresh tokens (:mod:`tracerl.train.step_config`):
+    ``mismatch_correction="tis"`` gives them the same decoupled loss, weighted by
+    ``min(π_trainer / π_sampler, mismatch_cap)``; ``"mis"`` weights them by that ratio inside
+    ``[1/mismatch_cap, mismatch_cap]`` and drops the others; ``"none"`` leaves them as above.
     """
     loss_fn = LossFn(loss_fn)
     level = ImportanceLevel(importance_level)
@@ -138,10 +147,16 @@ def policy_loss(
     stale_BT = None
     if policy_lag_BT is not None and off_policy_cap is not None:
         stale_BT = (policy_lag_BT > 0) & mask_BT
-        if bool(stale_BT.any()):
-            log_ratio = torch.where(stale_BT, logprobs_BT - logprobs_BT.detach(), log_ratio)  # to the proximal policy
-        else:
+        if not bool(stale_BT.any()):
             stale_BT = None
+    fresh_BT = None
+    if mismatch_correction != "none":
+        fresh_BT = mask_BT & ~torch.isnan(old_logprobs_BT)
+        if stale_BT is not None:
+            fresh_BT = fresh_BT & ~stale_BT
+    decoupled_BT = stale_BT if fresh_BT is None else (fresh_BT if stale_BT is None else stale_BT | fresh_BT)
+    if decoupled_BT is not None:
+        log_ratio = torch.where(decoupled_BT, logprobs_BT - logprobs_BT.detach(), log_ratio)  # to the proximal policy
     if level is ImportanceLevel.SEQUENCE:
         log_ratio = _sequence_mean(log_ratio, mask_BT, sequence_ids_BT)
     ratio = torch.exp(log_ratio)
@@ -153,8 +168,17 @@ def policy_loss(
         per_token = -clipped_ratio.detach() * advantages_BT * logprobs_BT
         is_clipped = (ratio > 1.0 + eps_high) | (ratio < 1.0 - eps_low)
     off_policy = {}
+    behaviour_ratio = torch.exp((logprobs_BT.detach() - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    mismatch_masked = 0.0
+    if fresh_BT is not None:
+        if mismatch_correction == "tis":
+            fresh_weight = behaviour_ratio.clamp(max=mismatch_cap)
+        else:
+            in_band = (behaviour_ratio <= mismatch_cap) & (behaviour_ratio >= 1.0 / mismatch_cap)
+            fresh_weight = torch.where(in_band, behaviour_ratio, torch.zeros_like(behaviour_ratio))
+            mismatch_masked = float((fresh_BT & ~in_band).sum())
+        per_token = per_token * torch.where(fresh_BT, fresh_weight, 1.0)
     if stale_BT is not None:
-        behaviour_ratio = torch.exp((logprobs_BT.detach() - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         per_token = per_token * torch.where(stale_BT, behaviour_ratio.clamp(max=off_policy_cap), 1.0)
         stale_ratio = behaviour_ratio[stale_BT]
         off_policy = dict(
@@ -181,6 +205,7 @@ def policy_loss(
         tokens=float(mask_BT.sum()),
         kl_sum=kl_sum,
         non_finite_BT=~torch.isfinite(per_token.detach()) & mask_BT,
+        mismatch_masked=mismatch_masked,
         **off_policy,
     )
 

@@ -6,9 +6,11 @@ once followed by every sequence's own suffix::
 
     [ shared prefix | suffix 1 | suffix 2 | ... ]
 
-A 4-D attention mask lets each suffix see the prefix and itself, never a sibling, and
-position ids restart after the prefix for every suffix, so each token sees exactly the
-context it had when it was sampled.  Only the positions that predict a trained token are
+Each token carries a segment id (0: the shared prefix, 1, 2, …: a sequence's own suffix) and
+its position, which restarts after the prefix for every suffix; attention is computed from
+those (:mod:`tracerl.train.attention`: each suffix sees the prefix and itself, never a
+sibling, sliding windows measured on positions), so each token sees exactly the context it
+had when it was sampled.  No dense mask is stored here.  Only the positions that predict a trained token are
 sent through the LM head (``rows_N`` / ``positions_N``), so padding and context tokens cost
 no vocabulary projection.  Rows are then grouped into micro-batches of at most
 ``max_tokens`` padded tokens.
@@ -23,15 +25,15 @@ import torch
 
 from .tokenization import TrainingSequence
 
-MASKED = torch.finfo(torch.float32).min
+from .attention import PAD_SEGMENT, allowed
 
 
 @dataclass
 class MicroBatch:
     input_ids_BT: torch.Tensor
     position_ids_BT: torch.Tensor
-    attention_mask_B1TT: torch.Tensor
-    """Additive mask: 0 where attention is allowed, a large negative number elsewhere."""
+    segment_ids_BT: torch.Tensor
+    """0: the row's shared prefix; 1, 2, …: each sequence's own tokens; ``PAD_SEGMENT``: padding."""
     rows_N: torch.Tensor
     """For each trained token: the row holding the hidden state that predicts it ..."""
     positions_N: torch.Tensor
@@ -46,10 +48,20 @@ class MicroBatch:
     """Real (non-padding) tokens in the micro-batch."""
     policy_lag_N: torch.Tensor | None = None
     """Steps between each token's sampling policy and the trained checkpoint; None: all 0."""
+    temperatures_N: torch.Tensor | None = None
+    """The sampling temperature of each trained token's turn; None: all 1."""
+    top_k_N: torch.Tensor | None = None
+    """The top-k its turn was sampled with (0: off); None: all off."""
+    top_p_N: torch.Tensor | None = None
+    """The top-p its turn was sampled with (1: off); None: all off."""
 
     @property
     def num_trained(self) -> int:
         return int(self.targets_N.numel())
+
+    def allowed_B1TT(self, window: int | None = None) -> torch.Tensor:
+        """The boolean attention mask of full (or ``window``-sized sliding) layers, for tests and inspection."""
+        return allowed(self.segment_ids_BT, self.position_ids_BT, window)
 
 
 @dataclass
@@ -155,23 +167,22 @@ def _to_tensors(
     T = max(r.length(sequences) for r in rows)
     input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((B, T), dtype=torch.long)
-    allowed = torch.zeros((B, T, T), dtype=torch.bool)
-    picks: dict[str, list] = {k: [] for k in ("rows", "positions", "targets", "weights", "advantages", "old", "seq", "lag")}
+    segment_ids = torch.full((B, T), PAD_SEGMENT, dtype=torch.long)
+    picks: dict[str, list] = {k: [] for k in ("rows", "positions", "targets", "weights", "advantages", "old", "seq", "lag", "temp", "top_k", "top_p")}
     real_tokens = 0
     for b, row in enumerate(rows):
         p = len(row.prefix)
         input_ids[b, :p] = torch.tensor(row.prefix, dtype=torch.long)
         position_ids[b, :p] = torch.arange(p)
-        allowed[b, :p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
+        segment_ids[b, :p] = 0
         offset = p
-        for i in row.members:
+        for segment, i in enumerate(row.members, start=1):
             seq = sequences[i]
             n = len(seq.token_ids) - p
             span = slice(offset, offset + n)
             input_ids[b, span] = torch.tensor(seq.token_ids[p:], dtype=torch.long)
             position_ids[b, span] = torch.arange(p, p + n)
-            allowed[b, span, :p] = True
-            allowed[b, span, span] = torch.ones(n, n, dtype=torch.bool).tril()
+            segment_ids[b, span] = segment
             for t in range(1, len(seq.token_ids)):
                 if seq.weights[t] <= 0:
                     continue
@@ -184,15 +195,16 @@ def _to_tensors(
                 picks["old"].append(seq.old_logprobs[t])
                 picks["seq"].append(i)
                 picks["lag"].append(seq.policy_lags[t] if seq.policy_lags is not None else 0)
+                temperature, top_k, top_p = seq.sampling[t] if seq.sampling is not None else (1.0, 0, 1.0)
+                picks["temp"].append(temperature)
+                picks["top_k"].append(top_k)
+                picks["top_p"].append(top_p)
             offset += n
         real_tokens += offset
-        pad = torch.arange(offset, T)
-        allowed[b, pad, pad] = True  # padding attends to itself only (keeps softmax finite)
-    mask = torch.zeros((B, 1, T, T), dtype=torch.float32).masked_fill(~allowed[:, None], MASKED)
     return MicroBatch(
         input_ids_BT=input_ids,
         position_ids_BT=position_ids,
-        attention_mask_B1TT=mask,
+        segment_ids_BT=segment_ids,
         rows_N=torch.tensor(picks["rows"], dtype=torch.long),
         positions_N=torch.tensor(picks["positions"], dtype=torch.long),
         targets_N=torch.tensor(picks["targets"], dtype=torch.long),
@@ -202,4 +214,7 @@ def _to_tensors(
         sequence_ids_N=torch.tensor(picks["seq"], dtype=torch.long),
         num_tokens=real_tokens,
         policy_lag_N=torch.tensor(picks["lag"], dtype=torch.long) if any(picks["lag"]) else None,
+        temperatures_N=torch.tensor(picks["temp"], dtype=torch.float32) if any(t != 1.0 for t in picks["temp"]) else None,
+        top_k_N=torch.tensor(picks["top_k"], dtype=torch.long) if any(picks["top_k"]) else None,
+        top_p_N=torch.tensor(picks["top_p"], dtype=torch.float32) if any(p < 1.0 for p in picks["top_p"]) else None,
     )

@@ -32,6 +32,10 @@ class ChatTokenizer(Protocol):
     def __call__(self, text: str, **kwargs: Any) -> Any: ...
 
 
+UNFILTERED = (1.0, 0, 1.0)
+"""``(temperature, top_k, top_p)`` of the model's own distribution."""
+
+
 @dataclass
 class TrainingSequence:
     """One row of training data: token ids with per-token weight and sampler logprob.
@@ -50,6 +54,8 @@ class TrainingSequence:
     policy_lags: list[int] | None = None
     """Per token, how many steps older than the trained checkpoint its sampling policy was (0 on
     context tokens); None: every turn sampled by the trained checkpoint (``grpo.policy_loss``)."""
+    sampling: list[tuple[float, int, float]] | None = None
+    """Per token, its turn's sampling ``(temperature, top_k, top_p)`` (``(1, 0, 1)`` on context tokens); None: all that."""
     label: str = ""
     """Which trajectory this row comes from, as errors name it (``"group 0 (task ...), trajectory 1 (id ...)"``)."""
 
@@ -72,6 +78,8 @@ class TokenizeStats:
     rendered_prompts: int = 0
     logprob_length_mismatches: int = 0
     truncated_sequences: int = 0
+    turns_without_sampling: int = 0
+    """Sampled turns whose sampling parameters are unknown (trained as sampled at temperature 1)."""
 
     def metrics(self) -> dict[str, float]:
         out = {f"sequence_breaks/{cause}": float(n) for cause, n in sorted(self.breaks.items())}
@@ -83,6 +91,7 @@ class TokenizeStats:
         out["rendered_prompts"] = float(self.rendered_prompts)
         out["logprob_length_mismatches"] = float(self.logprob_length_mismatches)
         out["truncated_sequences"] = float(self.truncated_sequences)
+        out["turns_without_sampling"] = float(self.turns_without_sampling)
         return out
 
 
@@ -116,6 +125,7 @@ class _SequenceBuilder:
         self.advantages: list[float] = []
         self.has_advantages = False
         self.lags: list[int] = []
+        self.sampling: list[tuple[float, int, float]] = []
         self.done: list[TrainingSequence] = []
         self.trajectory_index = trajectory_index
         self.group_index = group_index
@@ -128,7 +138,9 @@ class _SequenceBuilder:
         logprobs: list[float] | None,
         advantages: list[float] | None = None,
         lag: int = 0,
+        sampling: tuple[float, int, float] = UNFILTERED,
     ) -> None:
+        """One sampled turn; a greedy one (temperature 0) joins the sequence as context, untrained."""
         if self.ids and prompt[: len(self.ids)] != self.ids:
             self.stats.breaks[_break_cause(self.ids, self.weights, prompt)] += 1
             self.close()
@@ -138,16 +150,21 @@ class _SequenceBuilder:
         self.logprobs.extend([NAN] * (len(prompt) - start))
         self.advantages.extend([0.0] * (len(prompt) - start))
         self.lags.extend([0] * (len(prompt) - start))
+        self.sampling.extend([UNFILTERED] * (len(prompt) - start))
         if logprobs is not None and len(logprobs) != len(completion):
             self.stats.logprob_length_mismatches += 1
             logprobs = None
         self.stats.sampled_tokens += len(completion)
+        greedy = sampling[0] == 0.0
+        if greedy:
+            self.stats.dropped_tokens["greedy"] += len(completion)
         self.ids.extend(completion)
-        self.weights.extend([1.0] * len(completion))
+        self.weights.extend([0.0 if greedy else 1.0] * len(completion))
         self.logprobs.extend(logprobs if logprobs is not None else [NAN] * len(completion))
         self.advantages.extend(advantages if advantages is not None else [0.0] * len(completion))
         self.has_advantages = self.has_advantages or advantages is not None
         self.lags.extend([lag] * len(completion))
+        self.sampling.extend([sampling] * len(completion))
 
     def close(self) -> None:
         if any(w > 0 for w in self.weights):
@@ -160,9 +177,11 @@ class _SequenceBuilder:
                     self.group_index,
                     token_advantages=self.advantages if self.has_advantages else None,
                     policy_lags=self.lags if any(self.lags) else None,
+                    sampling=self.sampling if any(s != UNFILTERED for s in self.sampling) else None,
                 )
             )
         self.ids, self.weights, self.logprobs, self.advantages, self.has_advantages, self.lags = [], [], [], [], False, []
+        self.sampling = []
 
 
 def _completion_ids(
@@ -192,6 +211,17 @@ def _completion_ids(
         completion = completion[: len(completion) - completion[::-1].index(eos)]
     stats.retokenized_turns += 1
     return completion, None
+
+
+def _sampling(choice: Choice, stats: TokenizeStats) -> tuple[float, int, float]:
+    """The turn's recorded sampling parameters; unknown ones (another server, a hand-built turn) count
+    and train as temperature 1.  Greedy turns (temperature 0) are kept as context and not trained:
+    their logprobs belong to no distribution the trainer can compute a ratio against."""
+    params = getattr(choice, "sampling", None)
+    if params is None:
+        stats.turns_without_sampling += 1
+        return UNFILTERED
+    return (0.0 if params.greedy else float(params.temperature), int(params.top_k), float(params.top_p))
 
 
 def tokenize_history(
@@ -228,7 +258,7 @@ def tokenize_history(
             raise TrajectoryError(
                 f"{turn_where}: {len(advantages)} token advantages for {len(completion)} completion tokens; they must match"
             )
-        builder.add_turn(list(prompt), completion, logprobs, advantages, policy_lag(item) if policy_lag else 0)
+        builder.add_turn(list(prompt), completion, logprobs, advantages, policy_lag(item) if policy_lag else 0, _sampling(item, stats))
         context.append(item.message)
     builder.close()
     return builder.done
@@ -278,6 +308,8 @@ def tokenize_trajectory(
                     seq.token_advantages = seq.token_advantages[:max_seq_len]
                 if seq.policy_lags is not None:
                     seq.policy_lags = seq.policy_lags[:max_seq_len]
+                if seq.sampling is not None:
+                    seq.sampling = seq.sampling[:max_seq_len]
         sequences = [s for s in sequences if s.num_trainable > 0]
     return sequences
 

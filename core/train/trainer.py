@@ -19,14 +19,18 @@ import torch
 
 from ..errors import ConfigError, NonFiniteError, TrajectoryError
 from ..inference.devices import TRAIN_OVERHEAD, check_room_for, default_device, dtype_for
-from ..validation import DEFAULT_OFF_POLICY_CAP, check_lora_settings, check_off_policy_cap, check_step_settings, lora_values
+from ..validation import check_lora_settings, lora_values
 from .allocator import hold_freed_memory, release_freed_memory
-from .grpo import ImportanceLevel, LossFn, chunked_token_logprobs, policy_loss, probability_correlation
+from .forward import PolicyForward, load_causal_lm
+from .grpo import policy_loss, probability_correlation
+from .mismatch import SUM_KEYS, add_sums, check_mismatch, mismatch_metrics, mismatch_sums
 from .packing import MicroBatch
+from .step_config import StepConfig
 
 STEP_TOTALS = (
     "loss", "ratio_sum", "ratio_max", "clipped", "tokens", "kl", "entropy",
-    "stale_tokens", "off_policy_ratio_sum", "off_policy_ratio_max", "off_policy_truncated",
+    "stale_tokens", "off_policy_ratio_sum", "off_policy_ratio_max", "off_policy_truncated", "mismatch_masked",
+    *SUM_KEYS,
 )  # fmt: skip
 """What one step adds up over its micro-batches (and data-parallel ranks; ``*_max`` ones: the largest)."""
 
@@ -50,32 +54,6 @@ class LoRASettings:
     def from_dict(cls, values: dict[str, Any] | None) -> "LoRASettings":
         """From a ``lora_config`` dict (unknown keys: ``TypeError``; bad values: ``ConfigError``)."""
         return cls(**lora_values(values))
-
-
-@dataclass
-class StepConfig:
-    learning_rate: float = 5e-6
-    loss_fn: LossFn = LossFn.CISPO
-    epsilon: float | None = None
-    epsilon_high: float | None = None
-    importance_level: ImportanceLevel = ImportanceLevel.TOKEN
-    kl_penalty_coef: float = 0.0
-    max_grad_norm: float = 0.1
-    off_policy_cap: float | None = DEFAULT_OFF_POLICY_CAP
-    """Truncated importance weight on turns an older policy sampled (:func:`~tracerl.train.grpo.policy_loss`)."""
-
-    def __post_init__(self) -> None:
-        check_off_policy_cap(self.off_policy_cap)
-        check_step_settings(
-            learning_rate=self.learning_rate,
-            loss_fn=self.loss_fn,
-            epsilon=self.epsilon,
-            epsilon_high=self.epsilon_high,
-            importance_sampling_level=self.importance_level,
-            kl_penalty_coef=self.kl_penalty_coef,
-            max_grad_norm=self.max_grad_norm,
-        )
-        self.loss_fn, self.importance_level = LossFn(self.loss_fn), ImportanceLevel(self.importance_level)
 
 
 def trained_tokens(micro_batches: Sequence[MicroBatch]) -> float:
@@ -129,14 +107,14 @@ class LoRATrainer:
         On CUDA the GPU's free memory is checked first (:class:`~tracerl.errors.InsufficientMemoryError`
         explains a GPU that something else already fills)."""
         from peft import LoraConfig, PeftModel, get_peft_model
-        from transformers import AutoModelForCausalLM
 
         self.device = device or default_device()
-        self.dtype = dtype = dtype or dtype_for(self.device)
+        self.dtype = dtype = dtype_for(self.device, dtype)
         if self.device == "cpu":
             hold_freed_memory()  # on jemalloc: no re-faulting inside a step (tracerl.train.allocator)
         check_room_for(model_path, self.device, overhead=TRAIN_OVERHEAD, what="the trainer", dtype=dtype)
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+        base, attention = load_causal_lm(model_path, dtype)
+        base = base.to(self.device)
         base.config.use_cache = False
         with warnings.catch_warnings():
             # peft asks transformers 5.x for the deprecated `is_gradient_checkpointing` (peft's call, not ours)
@@ -161,28 +139,18 @@ class LoRATrainer:
             self.optimizer.load_state_dict(torch.load(Path(adapter_path) / "optimizer.pt", weights_only=True))
         self.chunk_size = logprob_chunk_size
         self.lora = lora
+        self.policy_forward = PolicyForward(self.model.get_base_model(), implementation=attention, device=self.device, dtype=dtype,
+                                     chunk_size=logprob_chunk_size)  # fmt: skip
+        self.probe_error = self.policy_forward.check_against_model(self.model.get_input_embeddings().num_embeddings)
 
     # -- forward ------------------------------------------------------------------
     def forward_token_logprobs(self, batch: MicroBatch, *, adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logprob and entropy for each trained token of ``batch`` (shape ``[N]``), with gradients."""
-        causal_lm = self.model.get_base_model()
-        inputs = {
-            "input_ids": batch.input_ids_BT.to(self.device),
-            "position_ids": batch.position_ids_BT.to(self.device),
-            # SDPA wants the additive mask in the query's dtype (bf16 on CUDA); fp32's min fits in bf16
-            "attention_mask": batch.attention_mask_B1TT.to(self.device, dtype=self.dtype),
-        }
+        """Logprob and entropy for each trained token of ``batch`` (shape ``[N]``), with gradients,
+        through the model's own semantics and each turn's sampling (:mod:`tracerl.train.forward`)."""
         if adapter:
-            hidden_BTH = causal_lm.model(**inputs).last_hidden_state
-        else:
-            with self.model.disable_adapter():
-                hidden_BTH = causal_lm.model(**inputs).last_hidden_state
-        hidden_NH = hidden_BTH[batch.rows_N.to(self.device), batch.positions_N.to(self.device)]
-        weight = causal_lm.get_output_embeddings().weight
-        logprobs, entropy = chunked_token_logprobs(
-            hidden_NH[None].float(), weight.float(), batch.targets_N[None].to(self.device), chunk_size=self.chunk_size
-        )
-        return logprobs[0], entropy[0]
+            return self.policy_forward.token_logprobs(batch)
+        with self.model.disable_adapter():
+            return self.policy_forward.token_logprobs(batch)
 
     @torch.no_grad()
     def token_logprobs(self, batch: MicroBatch) -> torch.Tensor:
@@ -195,8 +163,13 @@ class LoRATrainer:
 
         Nothing non-finite is ever applied (see :meth:`apply_update`).
         """
+        def accumulate() -> tuple[dict[str, float], list[torch.Tensor], list[torch.Tensor]]:
+            result = self._accumulate(micro_batches, config)
+            check_mismatch(mismatch_metrics(result[0]), config.max_mismatch_kl)  # raises before any update
+            return result
+
         (totals, sampler, trainer), grad_norm = self.apply_update(
-            lambda: self._accumulate(micro_batches, config),
+            accumulate,
             learning_rate=config.learning_rate,
             max_grad_norm=config.max_grad_norm,
             loss_of=lambda result: result[0]["loss"],
@@ -221,6 +194,9 @@ class LoRATrainer:
             metrics["off_policy_ratio_max"] = totals["off_policy_ratio_max"]
             metrics["off_policy_truncated_fraction"] = totals["off_policy_truncated"] / stale
         metrics["stale_token_fraction"] = totals["stale_tokens"] / n
+        metrics.update(mismatch_metrics(totals))
+        if config.mismatch_correction == "mis":
+            metrics["mismatch_masked_fraction"] = totals["mismatch_masked"] / n
         if sampler:
             corr = probability_correlation(torch.cat(sampler), torch.cat(trainer))
             if not math.isnan(corr):
@@ -304,6 +280,8 @@ class LoRATrainer:
                 sequence_ids_BT=mb.sequence_ids_N.to(self.device),
                 policy_lag_BT=mb.policy_lag_N.to(self.device) if mb.policy_lag_N is not None else None,
                 off_policy_cap=config.off_policy_cap,
+                mismatch_correction=config.mismatch_correction,
+                mismatch_cap=config.mismatch_cap,
             )
             if not torch.isfinite(out.loss):
                 bad = mb.sequence_ids_N[out.non_finite_BT.cpu()].unique().tolist() if out.non_finite_BT is not None else []
@@ -318,8 +296,10 @@ class LoRATrainer:
             totals["ratio_sum"] += out.ratio_sum
             totals["ratio_max"] = max(totals["ratio_max"], out.ratio_max)
             totals["off_policy_ratio_max"] = max(totals["off_policy_ratio_max"], out.off_policy_ratio_max)
-            for key in ("stale_tokens", "off_policy_ratio_sum", "off_policy_truncated"):
+            for key in ("stale_tokens", "off_policy_ratio_sum", "off_policy_truncated", "mismatch_masked"):
                 totals[key] += getattr(out, key)
+            fresh = mask if mb.policy_lag_N is None else mask & (mb.policy_lag_N.to(self.device) == 0)
+            add_sums(totals, mismatch_sums(logprobs, mb.old_logprobs_N, fresh, config.mismatch_cap))
             totals["clipped"] += out.clipped
             totals["tokens"] += out.tokens
             totals["kl"] += out.kl_sum
