@@ -78,6 +78,59 @@ class _Checked(BaseModel):
             raise TrajectoryError(_validation_message(error)) from error
 
 
+GREEDY_BELOW = 1e-5
+"""A temperature below this samples greedily (vLLM's ``_SAMPLING_EPS``; tracerl's servers use the same)."""
+
+
+class SamplingParams(_Checked):
+    """The sampling parameters a tracerl server applied to one sampled turn (``Choice.sampling``).
+
+    The logprobs a tracerl server returns, and a :class:`Choice` records, are those of this
+    distribution: ``log_softmax`` of the logits divided by ``temperature``, with the tokens
+    outside the ``top_k`` most likely and outside the ``top_p`` nucleus at ``-inf`` and the rest
+    renormalised (vLLM's ``processed_logprobs``).  A greedy turn (``temperature`` 0) records the
+    untempered (temperature 1) logprobs, with ``top_p`` 1 and ``top_k`` 0: its distribution is
+    a point mass, which the trainer does not treat as a policy sample.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
+    """The logits are divided by it; 0 is greedy."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    """Nucleus: the smallest set of most likely tokens whose probability reaches ``top_p`` (1: off)."""
+    top_k: int = Field(default=0, ge=0)
+    """Only the ``top_k`` most likely tokens (0: off)."""
+
+    @field_validator("temperature", "top_p", "top_k", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        if not is_number(value):
+            raise ValueError(f"must be a number, got {value!r}")
+        return value
+
+    @property
+    def greedy(self) -> bool:
+        """Sampled greedily (``temperature`` below :data:`GREEDY_BELOW`)."""
+        return self.temperature < GREEDY_BELOW
+
+    @classmethod
+    def from_field(cls, value: Any) -> "SamplingParams | None":
+        """The per-choice ``sampling`` field a tracerl server sends (a dict, or this type), else None.
+
+        Capture reads it with this: a missing or malformed field is unknown (None), never guessed."""
+        if isinstance(value, SamplingParams) or value is None:
+            return value
+        if hasattr(value, "model_dump"):  # an SDK's object for the field
+            value = value.model_dump()
+        if not isinstance(value, dict):
+            return None
+        try:
+            return cls(**{key: value[key] for key in ("temperature", "top_p", "top_k") if value.get(key) is not None})
+        except (TrajectoryError, TypeError):
+            return None
+
+
 class Choice(_Checked):
     """One assistant turn sampled by the policy: the trainable unit of a trajectory."""
 
@@ -103,6 +156,10 @@ class Choice(_Checked):
     """Per-token advantage of each completion token, *added* to the group's reward advantage by
     ``backend.train`` (same length as ``token_ids``).  On-policy distillation writes
     ``−kl_coef · (logπ_student − logπ_teacher)`` here (:func:`tracerl.train.distill.add_teacher_advantages`)."""
+    sampling: SamplingParams | None = None
+    """The sampling parameters the server applied to this turn (tracerl's servers send them with
+    every choice), so ``logprobs`` are known to be those of that tempered, filtered distribution.
+    None: unknown (a hand-built ``Choice``, another provider's server); read as temperature 1."""
 
     @field_validator("message", mode="before")
     @classmethod
@@ -135,7 +192,7 @@ class Choice(_Checked):
 
         vLLM and tracerl's servers put ``token_ids`` on the choice and
         ``prompt_token_ids`` on the response; OpenAI logprobs live in
-        ``choice.logprobs.content[i].logprob``.
+        ``choice.logprobs.content[i].logprob``; tracerl's servers add the choice's ``sampling``.
         """
         extra = dict(getattr(choice, "model_extra", None) or {})
         message = choice.message.model_dump(exclude_none=True)
@@ -159,6 +216,7 @@ class Choice(_Checked):
             token_ids=extra.get("token_ids"),
             prompt_token_ids=prompt_ids,
             logprobs=logprobs,
+            sampling=SamplingParams.from_field(extra.get("sampling")),
             finish_reason=getattr(choice, "finish_reason", None),
             index=getattr(choice, "index", 0),
             response_id=response_id,

@@ -6,7 +6,7 @@ request into chat keyword arguments and the answer into a chat completion.  The 
 the ones tracerl's servers use to answer those APIs (:mod:`tracerl.inference.responses_api`,
 :mod:`tracerl.inference.messages_api`), so a conversation reads the same on both sides.  A
 tracerl endpoint's answer carries the sampled ``prompt_token_ids``, ``token_ids`` and
-``token_logprobs``; they become the completion's token fields.
+``token_logprobs`` and the ``sampling`` parameters applied; they become the completion's token fields.
 
 Requests to other providers may use what tracerl's servers refuse (hosted tools, reasoning,
 images): only the conversation and the function tools are read here, and a shape that cannot
@@ -42,10 +42,11 @@ def _completion(answer: Any, texts: list[str], calls: list[dict[str, Any]], fini
         "id": field(answer, "id"), "model": field(answer, "model"), "choices": [choice],
         "usage": {"prompt_tokens": field(usage, "input_tokens"), "completion_tokens": field(usage, "output_tokens")},
     }  # fmt: skip
-    return _with_tokens(completion, *(extra_field(answer, name) for name in ("token_ids", "prompt_token_ids", "token_logprobs")))
+    fields = ("token_ids", "prompt_token_ids", "token_logprobs", "sampling")
+    return _with_tokens(completion, *(extra_field(answer, name) for name in fields))
 
 
-def _with_tokens(completion: dict[str, Any], ids: Any, prompt_ids: Any, logprobs: Any) -> dict[str, Any]:
+def _with_tokens(completion: dict[str, Any], ids: Any, prompt_ids: Any, logprobs: Any, sampling: Any = None) -> dict[str, Any]:
     """``completion`` with the token fields a tracerl endpoint sent (each None when it sent none)."""
     choice = completion["choices"][0]
     if ids is not None:
@@ -54,6 +55,8 @@ def _with_tokens(completion: dict[str, Any], ids: Any, prompt_ids: Any, logprobs
         completion["prompt_token_ids"] = list(prompt_ids)
     if logprobs is not None:
         choice["logprobs"] = {"content": [{"logprob": float(value)} for value in logprobs]}
+    if sampling is not None:
+        choice["sampling"] = sampling
     return completion
 
 
@@ -156,4 +159,5 @@ def completions_completion(completion: Any, _chat: dict[str, Any]) -> dict[str, 
     chat = _completion(answer, [field(first, "text") or ""], [], str(field(first, "finish_reason") or "stop"))
     chat["usage"] = {"prompt_tokens": field(usage, "prompt_tokens"), "completion_tokens": field(usage, "completion_tokens")}
     prompt_ids = extra_field(completion, "prompt_token_ids") or extra_field(first, "prompt_token_ids")
-    return _with_tokens(chat, extra_field(first, "token_ids"), prompt_ids, field(field(first, "logprobs"), "token_logprobs"))
+    return _with_tokens(chat, extra_field(first, "token_ids"), prompt_ids, field(field(first, "logprobs"), "token_logprobs"),
+                        extra_field(first, "sampling"))  # fmt: skip

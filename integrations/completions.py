@@ -2,13 +2,17 @@
 
 Shared by the hooks (``spans.finish_chat_span``) and streams (``streams.py``): what a response
 says about its call is read in one place.  Fields beyond the OpenAI schema (``token_ids``,
-``prompt_token_ids`` from vLLM and tracerl's servers) are read as pydantic extras, dict keys or
-attributes.
+``prompt_token_ids`` from vLLM and tracerl's servers, and the ``sampling`` parameters tracerl's
+servers put beside each choice's ``token_ids``) are read as pydantic extras, dict keys or
+attributes.  ``sampling`` is read only from the answer: a server that does not send it leaves
+it unknown (None), whatever temperature the request asked for.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
+
+from tracerl.types import SamplingParams
 
 from .messages import openai_tool_call
 
@@ -65,8 +69,14 @@ def message_dict(message: Any) -> dict[str, Any]:
     return out
 
 
-TokenIds = tuple[list[int] | None, list[int] | None, list[float] | None]
-"""(prompt token ids, completion token ids, completion logprobs) of a call's first choice."""
+def sampling_of(choice: Any) -> SamplingParams | None:
+    """The sampling parameters a tracerl server sent with ``choice`` (its ``sampling`` field), else None."""
+    return SamplingParams.from_field(extra_field(choice, "sampling"))
+
+
+TokenIds = tuple[list[int] | None, list[int] | None, list[float] | None, SamplingParams | None]
+"""(prompt token ids, completion token ids, completion logprobs, the sampling parameters those
+logprobs are of) of a call's first choice."""
 
 
 def token_ids(completion: Any, first: Any) -> TokenIds | None:
@@ -76,7 +86,7 @@ def token_ids(completion: Any, first: Any) -> TokenIds | None:
     logprobs = logprob_values(field(first, "logprobs"))
     if ids is None and prompt_ids is None and logprobs is None:
         return None
-    return (list(prompt_ids) if prompt_ids is not None else None, ints(ids), logprobs)
+    return (list(prompt_ids) if prompt_ids is not None else None, ints(ids), logprobs, sampling_of(first))
 
 
 class ChatOutcome(NamedTuple):

@@ -451,6 +451,7 @@ def _choice(call: ModelCall) -> Choice:
         token_ids=getattr(record, "token_ids", None),
         prompt_token_ids=getattr(record, "prompt_token_ids", None),
         logprobs=getattr(record, "logprobs", None),
+        sampling=getattr(record, "sampling", None),
         finish_reason=call.finish_reason,
         response_id=call.response_id,
         model=call.model,

@@ -33,6 +33,8 @@ class TokenRecord:
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    sampling: Any = None
+    """The :class:`tracerl.SamplingParams` the server applied (its ``sampling`` field), None when it sent none."""
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from opentelemetry import trace
 
-from .completions import extra_field, field, ints, logprob_values
+from .completions import extra_field, field, ints, logprob_values, sampling_of
 from .health import guard
 from .messages import openai_tool_call
 from .spans import ChatAnswer, end_chat_span
@@ -23,6 +23,7 @@ class ChunkAccumulator:
         self.prompt_token_ids: list[int] | None = None
         self.token_ids: list[int] | None = None
         self.logprobs: list[float] | None = None
+        self.sampling: Any = None
         self.usage: Any = None
 
     def add(self, chunk: Any) -> None:
@@ -65,6 +66,8 @@ class ChunkAccumulator:
                 if values:
                     self.logprobs = self.logprobs or []
                     self.logprobs.extend(values)
+                if self.sampling is None:  # on the choice's first (and last) chunk from tracerl's servers
+                    self.sampling = sampling_of(choice)
 
     def finish(self, span: Any) -> None:
         messages, finishes = [], []
@@ -81,10 +84,10 @@ class ChunkAccumulator:
                 message["content"] = ""
             messages.append(message)
             finishes.append(state["finish_reason"])
-        tokens = (self.prompt_token_ids, self.token_ids, self.logprobs)
+        tokens = (self.prompt_token_ids, self.token_ids, self.logprobs, self.sampling)
         answer = ChatAnswer(messages, finishes, self.response_id, self.model,
                             field(self.usage, "prompt_tokens"), field(self.usage, "completion_tokens"))  # fmt: skip
-        end_chat_span(span, answer, tokens=tokens if any(part is not None for part in tokens) else None)
+        end_chat_span(span, answer, tokens=tokens if any(part is not None for part in tokens[:3]) else None)
 
 
 class _Recorder:

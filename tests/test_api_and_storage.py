@@ -23,6 +23,8 @@ EXPECTED_ALL = {
     # typed faults (DESIGN §5.8)
     "InfrastructureError", "InferenceTimeoutError", "McpServerError", "McpTimeoutError", "RolloutTimeoutError",
     "JudgeTimeoutError", "RemoteTimeoutError",
+    # the trainer disagrees with the sampler (tracerl.train.mismatch)
+    "MismatchError",
     # SFT (ART's names)
     "SFTConfig", "TrainSFTConfig", "create_lr_schedule", "filter_by_reward", "load_sft_file",
     # on-policy distillation (tracerl.train.distill)
@@ -32,6 +34,8 @@ EXPECTED_ALL = {
     "TinkerBackend",
     # ART's type names, for code written against ART
     "Messages", "MessageOrChoice", "MessagesAndChoices", "Tools",
+    # the sampling parameters a sampled turn records (Choice.sampling)
+    "SamplingParams",
 }
 
 

@@ -11,6 +11,7 @@ import random
 
 from openai.types.chat import ChatCompletion
 
+from tracerl import SamplingParams
 from tracerl import redact as r
 from tracerl.integrations import completions, input_delta
 
@@ -29,7 +30,8 @@ def _slow_token_ids(completion: object, first: object) -> object:
     logprobs = completions.logprob_values(completions.field(first, "logprobs"))
     if ids is None and prompt_ids is None and logprobs is None:
         return None
-    return (list(prompt_ids) if prompt_ids is not None else None, completions.ints(ids), logprobs)
+    sampling = SamplingParams.from_field(completions.extra_field(first, "sampling"))
+    return (list(prompt_ids) if prompt_ids is not None else None, completions.ints(ids), logprobs, sampling)
 
 
 def test_token_ids_shortcut_answers_as_the_extras_would() -> None:
@@ -41,15 +43,17 @@ def test_token_ids_shortcut_answers_as_the_extras_would() -> None:
         _completion(extra_choice={"prompt_token_ids": [1, 2]}),
         _completion(extra_choice={"provider_specific_fields": {"token_ids": [9]}}),
         _completion(logprobs=logprobs),
+        _completion(extra_choice={"token_ids": [5], "sampling": {"temperature": 0.7, "top_p": 1.0, "top_k": 0}}),
         _completion(extra_choice={"token_ids": [5]}, extra_top={"prompt_token_ids": [1]}, logprobs=logprobs),
     ]
     for completion in cases:
         first = completion.choices[0]
         assert completions.token_ids(completion, first) == _slow_token_ids(completion, first)
     assert completions.token_ids(cases[0], cases[0].choices[0]) is None
-    assert completions.token_ids(cases[-1], cases[-1].choices[0]) == ([1], [5], [-0.5])
+    assert completions.token_ids(cases[-2], cases[-2].choices[0]) == (None, [5], None, SamplingParams(temperature=0.7))
+    assert completions.token_ids(cases[-1], cases[-1].choices[0]) == ([1], [5], [-0.5], None)
     as_dict = cases[-1].model_dump()  # dicts never take the shortcut
-    assert completions.token_ids(as_dict, as_dict["choices"][0]) == ([1], [5], [-0.5])
+    assert completions.token_ids(as_dict, as_dict["choices"][0]) == ([1], [5], [-0.5], None)
 
 
 def test_short_texts_find_the_triggers_the_loop_finds() -> None:

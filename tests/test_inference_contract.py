@@ -202,19 +202,32 @@ async def test_token_ids_and_logprobs_match_the_tokenizer(client, tokenizer):
         assert choice.finish_reason == "length" and len(ids) == 10
 
 
-async def test_logprobs_are_raw_model_logprobs(client, reference_model, tokenizer):
-    """Sampled at temperature 0.7, reported as the temperature-1 model logprobs (what the trainer recomputes)."""
+async def test_a_rollout_records_the_sampled_distribution(server, client, reference_model):
+    """Sampled at temperature 0.7 through the OpenAI SDK inside a rollout: the answer's logprobs, and the
+    captured ``Choice.logprobs``, are those of the tempered distribution (vLLM: ``--logprobs-mode
+    processed_logprobs``), and the turn records its sampling (tests/test_sampled_distribution.py: the rest)."""
     import torch
 
-    response = await _chat(client, logprobs=True, temperature=0.7, seed=3, max_tokens=8)
-    prompt_ids = response.model_extra["prompt_token_ids"]
-    choice = response.choices[0]
-    ids = _ids(choice)
+    import tracerl
+    import tracerl.integrations as ti
+
+    ti.register_endpoint(server.base_url)
+    try:
+        async with tracerl.rollout() as scope:
+            response = await _chat(client, logprobs=True, temperature=0.7, seed=3, max_tokens=8)
+    finally:
+        ti.unregister_endpoint(server.base_url)
+    (turn,) = scope.trajectory.sampled_turns()
+    prompt_ids, ids = turn.prompt_token_ids, turn.token_ids
+    assert prompt_ids == response.model_extra["prompt_token_ids"] and ids == _ids(response.choices[0])
+    assert response.choices[0].model_extra["sampling"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 0}
+    assert turn.sampling == tracerl.SamplingParams(temperature=0.7)
     with torch.no_grad():
-        logits = reference_model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
-    expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
-    served = torch.tensor([entry.logprob for entry in choice.logprobs.content])
-    assert torch.allclose(served, expected, atol=2e-2), (served, expected)
+        logits = reference_model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].float()
+    expected = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+    served = torch.tensor([entry.logprob for entry in response.choices[0].logprobs.content])
+    assert torch.equal(served, torch.tensor(turn.logprobs))
+    assert float((served - expected).abs().max()) < 1e-4, (served, expected)  # measured: < 3e-5 on both servers
 
 
 async def test_top_logprobs(client):

@@ -10,7 +10,10 @@ over prompt and completion).  This server answers both the same way, so one teac
 works against vLLM, this server, and any endpoint that speaks either form.
 
 ``prompt`` is a string or a list of token ids (one prompt per request); ``max_tokens`` tokens
-are then generated (0 is allowed with ``echo`` or ``prompt_logprobs``: scoring only).
+are then generated (0 is allowed with ``echo`` or ``prompt_logprobs``: scoring only) with
+``temperature``, ``top_p`` and ``top_k``.  Prompt logprobs are the model's raw ones; the generated
+tokens' logprobs are those of the distribution they were sampled from, and the choice carries
+that distribution's ``sampling`` parameters, as on chat completions (:mod:`.protocol`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..net.http_server import OpenAIError
+from .protocol import sampling_field
 
 MAX_LOGPROBS = 20
 
@@ -31,11 +35,18 @@ class CompletionRequest:
     prompt: str | list[int]
     max_tokens: int = 16
     temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
     seed: int | None = None
     echo: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     return_token_ids: bool = False
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The choice's ``sampling`` field (:func:`~tracerl.inference.protocol.sampling_field`)."""
+        return sampling_field(self.temperature, self.top_p, self.top_k)
 
 
 def _optional_int(body: dict[str, Any], key: str, low: int, high: int) -> int | None:
@@ -76,6 +87,14 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         temperature = 1.0
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0.0 <= temperature <= 2.0:
         raise OpenAIError(f"'temperature' must be a number between 0 and 2, got {temperature!r}", param="temperature")
+    top_p = body.get("top_p")
+    top_p = 1.0 if top_p is None else top_p
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        raise OpenAIError(f"'top_p' must be a number in (0, 1], got {top_p!r}", param="top_p")
+    top_k = body.get("top_k")
+    top_k = 0 if top_k is None else top_k
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1:
+        raise OpenAIError(f"'top_k' must be an integer >= -1 (0 or -1: off), got {top_k!r}", param="top_k")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise OpenAIError("'seed' must be an integer", param="seed")
@@ -84,6 +103,8 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         prompt=prompt,
         max_tokens=max_tokens,
         temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=max(0, top_k),
         seed=seed,
         echo=echo,
         logprobs=_optional_int(body, "logprobs", 0, MAX_LOGPROBS),

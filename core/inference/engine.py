@@ -2,9 +2,18 @@
 
 A worker thread takes queued jobs, waits a few milliseconds for more, groups them by adapter
 and decodes each group as one left-padded batch with a KV cache.  Finished rows are dropped
-from the batch and their request is answered at once.  Reported logprobs are the raw model
-logprobs (log-softmax of the logits at temperature 1, as vLLM returns by default), whatever
-the sampling temperature, top-p or top-k: the trainer compares them with its own.
+from the batch and their request is answered at once.
+
+Reported logprobs (and top logprobs) are those of the distribution each token was sampled
+from, vLLM's ``processed_logprobs``: ``log_softmax`` of the logits divided by the temperature,
+then top-k and top-p filtered exactly as :func:`sampling_logits` filters them for sampling (the
+tokens filtered out at ``-inf``, the rest renormalised).  A turn sampled at temperature 0.7 is
+thus recorded as sampled at 0.7, not at 1.  Greedy decoding (temperature below
+:data:`~tracerl.types.GREEDY_BELOW`) is the exception: its distribution is a point mass, so it
+reports the raw temperature-1 logprobs (as vLLM does); the turn's ``sampling`` says it was
+greedy, and the trainer leaves greedy turns out of the policy loss.  Filtered tokens that a
+``top_logprobs`` request still lists are reported at ``-9999.0`` (vLLM's floor: JSON has no
+``-inf``).  Prompt logprobs (:meth:`GenerationEngine.prompt_logprobs`) are not sampled and stay raw.
 """
 
 from __future__ import annotations
@@ -24,8 +33,34 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import ConfigError
+from ..types import GREEDY_BELOW
 
 log = logging.getLogger(__name__)
+
+LOGPROB_FLOOR = -9999.0
+"""What a filtered-out token's ``-inf`` logprob is reported as (vLLM's floor for JSON)."""
+
+
+def sampling_logits(logits: Any, temperature: float, top_p: float = 1.0, top_k: int = 0) -> Any:
+    """The logits a token is sampled from (a ``[vocab]`` tensor, temperature > 0): ``logits / temperature``,
+    then all but the ``top_k`` largest (ties kept) and all past the ``top_p`` nucleus at ``-inf``.
+
+    The nucleus keeps the most likely tokens up to and including the first one at which the
+    probability mass reaches ``top_p``.  ``log_softmax`` of the result is the sampled
+    distribution's logprobs (what the engine reports)."""
+    import torch
+
+    scaled = logits / temperature
+    if top_k and top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = probs.cumsum(-1) - probs >= top_p  # keep the first past top_p
+        scaled = scaled.clone()
+        scaled[order[drop]] = float("-inf")
+    return scaled
 
 
 @dataclass
@@ -101,7 +136,7 @@ class GenerationEngine:
             torch.set_num_threads(num_threads)
         self.model_path = Path(model_path)
         self.device = torch.device(device or default_device())
-        self.dtype = dtype or dtype_for(self.device)
+        self.dtype = dtype_for(self.device, dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         check_room_for(self.model_path, self.device, overhead=SERVE_OVERHEAD, what="the transformers server", dtype=self.dtype)
         self._base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
@@ -352,11 +387,10 @@ class GenerationEngine:
                     )
                 cache = getattr(out, self._cache_arg, None)
                 logits = out.logits[:, -1, :].float()
-                logprobs = torch.log_softmax(logits, dim=-1)
                 next_ids: list[int] = []
                 keep: list[int] = []
                 for i, row in enumerate(rows):
-                    token = self._sample(row, logits[i], logprobs[i])
+                    token = self._sample(row, logits[i])
                     next_ids.append(token)
                     if self._finish(row):
                         continue
@@ -400,45 +434,44 @@ class GenerationEngine:
             out.append(PromptLogprob(token, float(chosen[i]), int(ranks[i]), alternatives))
         return out, logits[-1]
 
-    def one_token(self, logits: Any, temperature: float, seed: int | None, top: int = 0) -> SampleResult:
+    def one_token(
+        self, logits: Any, temperature: float, seed: int | None, top: int = 0, *, top_p: float = 1.0, top_k: int = 0
+    ) -> SampleResult:
         """A one-token completion sampled from ``logits`` (the last prompt position), as the decoder would."""
         import torch
 
         generator = torch.Generator(device=logits.device)
         generator.manual_seed((seed if seed is not None else random.SystemRandom().getrandbits(63)) % (2**63))
-        job = GenerationJob(prompt_ids=[], adapter=None, temperature=temperature, max_tokens=1, top_logprobs=top)
+        job = GenerationJob(prompt_ids=[], adapter=None, temperature=temperature, top_p=top_p, top_k=top_k,
+                            max_tokens=1, top_logprobs=top)  # fmt: skip
         row = _Row(job=job, choice=0, generator=generator)
-        self._sample(row, logits, torch.log_softmax(logits, dim=-1))
+        self._sample(row, logits)
         stop = row.ids[-1] in self.eos_ids
         return SampleResult(
             token_ids=row.ids, logprobs=row.logprobs, top_logprobs=row.top,
             finish_reason="stop" if stop else "length", text="" if stop else self.decode(row.ids),
         )
 
-    def _sample(self, row: _Row, logits: Any, logprobs: Any) -> int:
+    def _sample(self, row: _Row, logits: Any) -> int:
+        """Sample the row's next token from ``logits`` (``[vocab]``, fp32); record it with its logprob
+        (and top logprobs) under the distribution it was sampled from (raw logprobs when greedy)."""
         import torch
 
         job = row.job
-        if job.temperature == 0.0:
+        if job.temperature < GREEDY_BELOW:
             token = int(torch.argmax(logits))
+            logprobs = torch.log_softmax(logits, dim=-1)
         else:
-            scaled = logits / job.temperature
-            if job.top_k and job.top_k < scaled.shape[-1]:
-                kth = torch.topk(scaled, job.top_k).values[-1]
-                scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-            if job.top_p < 1.0:
-                sorted_logits, order = torch.sort(scaled, descending=True)
-                cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-                drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= job.top_p  # keep the first past top_p
-                scaled = scaled.clone()
-                scaled[order[drop]] = float("-inf")
+            scaled = sampling_logits(logits, job.temperature, job.top_p, job.top_k)
             probs = torch.softmax(scaled, dim=-1)
             token = int(torch.multinomial(probs, 1, generator=row.generator))
+            logprobs = torch.log_softmax(scaled, dim=-1)
         row.ids.append(token)
         self.stats["tokens"] += 1
         row.logprobs.append(float(logprobs[token]))
         if job.top_logprobs:
             values, indices = torch.topk(logprobs, job.top_logprobs)
+            values = values.clamp(min=LOGPROB_FLOOR)  # filtered tokens: -inf, which JSON cannot carry
             row.top.append([(int(t), float(v)) for t, v in zip(indices.tolist(), values.tolist())])
         return token
 

@@ -4,7 +4,8 @@ Why: an agent on the ``anthropic`` SDK (or LiteLLM's Anthropic route) pointed at
 endpoint should sample from the policy like any other, with token truth kept.  vLLM's own
 ``/v1/messages`` drops token ids and logprobs, so a Messages request becomes one
 chat-completions request here, and the answer a ``message`` that also carries what the engine
-sampled, as tracerl extension fields: ``prompt_token_ids``, ``token_ids``, ``token_logprobs``.
+sampled, as tracerl extension fields: ``prompt_token_ids``, ``token_ids``, ``token_logprobs`` (of the
+sampled distribution) and ``sampling`` (the temperature, top-p and top-k applied).
 
 A ``tool_use`` block's ``input`` is an object, while the model wrote its arguments as text:
 the text of each call this server made is remembered (bounded) by the call's id, and when the
@@ -240,6 +241,7 @@ def message_from_chat(completion: dict[str, Any], turn: Turn, calls: CallTexts) 
         "prompt_token_ids": choice.get("prompt_token_ids") or completion.get("prompt_token_ids"),
         "token_ids": choice.get("token_ids"),
         "token_logprobs": [entry["logprob"] for entry in logprobs] if logprobs else None,
+        "sampling": choice.get("sampling"),
     }  # fmt: skip
 
 

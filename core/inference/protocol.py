@@ -7,6 +7,11 @@ for or not, as the vLLM proxy does.  vLLM's other extensions are supported: ``to
 ``ignore_eos``, ``chat_template_kwargs``.  ``stream: true`` is answered once the completion is
 done, as server-sent events of the whole result (clients that stream work; tokens are not
 delivered incrementally).
+
+The logprobs are those of the distribution each token was sampled from (temperature, top-k,
+top-p applied: vLLM's ``processed_logprobs``; raw for greedy decoding), and every choice says
+which that was: ``"sampling": {"temperature", "top_p", "top_k"}`` beside its ``token_ids``
+(:func:`sampling_field`), the server's defaults (1, 1, 0) included when the request set none.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ..net.http_server import OpenAIError
+from ..types import GREEDY_BELOW
 
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
@@ -48,6 +54,21 @@ class ChatRequest:
     @property
     def parse_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The per-choice ``sampling`` field of this request's answer (:func:`sampling_field`)."""
+        return sampling_field(self.temperature, self.top_p, self.top_k)
+
+
+def sampling_field(temperature: float, top_p: float = 1.0, top_k: int = 0) -> dict[str, Any]:
+    """The sampling parameters applied to a choice, as tracerl's servers send them beside its ``token_ids``
+    (read into :class:`tracerl.SamplingParams` by capture).  Greedy decoding (a temperature below
+    :data:`~tracerl.types.GREEDY_BELOW`) applies neither top-p nor top-k: ``{"temperature": 0.0,
+    "top_p": 1.0, "top_k": 0}``; a ``top_k`` below 1 (vLLM's -1 included) is off: 0."""
+    if temperature < GREEDY_BELOW:
+        return {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    return {"temperature": float(temperature), "top_p": float(top_p), "top_k": max(0, int(top_k))}
 
 
 def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -214,7 +235,8 @@ def stream_events(completion: dict[str, Any], include_usage: bool) -> Iterator[s
     """A finished completion as ``chat.completion.chunk`` server-sent events (then ``[DONE]``).
 
     The first chunk of each choice carries the whole message (and ``token_ids`` /
-    ``prompt_token_ids`` when the completion has them); a second one its ``finish_reason``.
+    ``prompt_token_ids`` / ``sampling`` when the completion has them); a second one its
+    ``finish_reason`` (and ``sampling`` again).
     """
     import json
 
@@ -228,7 +250,7 @@ def stream_events(completion: dict[str, Any], include_usage: bool) -> Iterator[s
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
         first = {"index": choice["index"], "delta": delta, "logprobs": choice.get("logprobs"), "finish_reason": None}
-        for key in ("token_ids", "prompt_token_ids"):
+        for key in ("token_ids", "prompt_token_ids", "sampling"):
             if key in choice:
                 first[key] = choice[key]
         chunk = {**head, "choices": [first]}
@@ -236,6 +258,8 @@ def stream_events(completion: dict[str, Any], include_usage: bool) -> Iterator[s
             chunk["prompt_token_ids"] = completion["prompt_token_ids"]
         yield f"data: {json.dumps(chunk)}\n\n"
         last = {"index": choice["index"], "delta": {}, "logprobs": None, "finish_reason": choice.get("finish_reason")}
+        if "sampling" in choice:
+            last["sampling"] = choice["sampling"]
         yield f"data: {json.dumps({**head, 'choices': [last]})}\n\n"
     if include_usage and completion.get("usage"):
         yield f"data: {json.dumps({**head, 'choices': [], 'usage': completion['usage']})}\n\n"

@@ -5,7 +5,8 @@ Why translate rather than pass through: vLLM's own ``/v1/responses`` does not ke
 unbounded in-memory store).  Here a Responses request becomes one chat-completions request
 (the same sampling, chat template and tool-call parsing as every other call), and its answer
 becomes a ``response`` object that also carries what the engine sampled, as tracerl extension
-fields beside OpenAI's: ``prompt_token_ids``, ``token_ids`` and ``token_logprobs``.
+fields beside OpenAI's: ``prompt_token_ids``, ``token_ids``, ``token_logprobs`` (of the sampled
+distribution) and ``sampling`` (the temperature, top-p and top-k applied).
 
 Accepted request fields are :data:`ACCEPTED`; a field outside it, or a value this server cannot
 honour (a hosted tool, structured output, reasoning effort), is a 400 naming it, never a silent
@@ -271,6 +272,7 @@ def response_from_chat(completion: dict[str, Any], turn: Turn, store: ResponseSt
         "prompt_token_ids": choice.get("prompt_token_ids") or completion.get("prompt_token_ids"),
         "token_ids": choice.get("token_ids"),
         "token_logprobs": [entry["logprob"] for entry in logprobs] if logprobs else None,
+        "sampling": choice.get("sampling"),
     }  # fmt: skip
     if body.get("store", True):
         answer: dict[str, Any] = {"role": "assistant", "content": text if text else None}

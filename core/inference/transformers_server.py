@@ -4,7 +4,8 @@ The fallback where vLLM cannot run, and the fast path for tests.  It runs in-pro
 on a background thread with its own event loop, listening on 127.0.0.1 (a free port by
 default), and a generation worker thread that batches concurrent requests
 (see :mod:`tracerl.inference.engine`).  It speaks what the trainer needs from vLLM:
-``return_token_ids``, raw sampler logprobs, ``n > 1``, Hermes tool calls, vLLM's
+``return_token_ids``, the sampled distribution's logprobs with each choice's ``sampling``
+parameters (:mod:`tracerl.inference.engine`), ``n > 1``, Hermes tool calls, vLLM's
 ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``, and ``/v1/completions`` with prompt
 logprobs (what an on-policy distillation teacher is asked, :mod:`.completions`).
 """
@@ -264,12 +265,15 @@ class TransformersServer:
             except ConfigError as error:  # the adapter was unloaded meanwhile
                 raise OpenAIError(str(error), status=404, type="not_found_error", param="model") from error
             if request.max_tokens == 1:  # what a teacher asks: the one token comes from the same pass
-                result = self.engine.one_token(last, request.temperature, request.seed, request.logprobs or 0)
+                result = self.engine.one_token(last, request.temperature, request.seed, request.logprobs or 0,
+                                               top_p=request.top_p, top_k=request.top_k)  # fmt: skip
         if request.max_tokens > 0 and result is None:
             job = GenerationJob(
                 prompt_ids=prompt_ids,
                 adapter=adapter,
                 temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=request.top_k,
                 max_tokens=request.max_tokens,
                 seed=request.seed,
                 top_logprobs=request.logprobs or 0,
@@ -303,6 +307,8 @@ class TransformersServer:
         if request.return_token_ids:
             choice["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = list(generated)
+        if result is not None:
+            choice["sampling"] = request.sampling
         return completion_body(model=self.answer_as.get(request.model, request.model), choice=choice, prompt_tokens=len(prompt_ids), completion_tokens=len(generated))
 
     def _choice(self, index: int, result: Any, request: ChatRequest, prompt_ids: list[int]) -> dict[str, Any]:
@@ -321,6 +327,7 @@ class TransformersServer:
         if request.return_token_ids:
             choice["token_ids"] = result.token_ids
             choice["prompt_token_ids"] = prompt_ids
+        choice["sampling"] = request.sampling  # what the logprobs above are the distribution of
         return choice
 
 

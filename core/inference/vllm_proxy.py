@@ -1,4 +1,13 @@
-"""The proxy in front of a vLLM subprocess (see :mod:`tracerl.inference.vllm_server`)."""
+"""The proxy in front of a vLLM subprocess (see :mod:`tracerl.inference.vllm_server`).
+
+vLLM runs with ``--logprobs-mode processed_logprobs``, so its logprobs are those of the
+distribution it sampled from (after temperature, top-k and top-p; raw for greedy decoding).
+The proxy sees each chat and completions request, so it fills vLLM's neutral sampling values in
+where the request left them out (:data:`NEUTRAL_SAMPLING`: otherwise vLLM takes them from the
+model's ``generation_config.json``, e.g. Qwen3's temperature 0.6 and top-k 20, and the server's
+default would not be the transformers server's 1) and adds each choice's ``sampling`` field
+(:func:`~tracerl.inference.protocol.sampling_field`): the parameters actually applied.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +21,7 @@ from ..net.http_server import BearerAuth, OpenAIError, install_error_handlers
 from ..net.untraced import untraced_fastapi
 from .api_routes import add_api_routes
 from .policy_gate import PolicyGate
-from .protocol import stream_events
+from .protocol import sampling_field, stream_events
 from .turns import TurnReader
 
 
@@ -56,10 +65,39 @@ def _error_response(status: int, content: bytes) -> JSONResponse:
     return JSONResponse(OpenAIError(message, status=status, type=kind, code=status).body(), status_code=status)
 
 
+NEUTRAL_SAMPLING: dict[str, Any] = {
+    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+    "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+}  # fmt: skip
+"""vLLM's own defaults for the sampling knobs it otherwise reads from a model's generation config."""
+
+
+def fill_sampling(body: dict[str, Any]) -> dict[str, Any]:
+    """Give every sampling knob the request left out (or null) its neutral value; returns the
+    ``sampling`` field of the answer's choices (what vLLM will apply)."""
+    for key, value in NEUTRAL_SAMPLING.items():
+        if body.get(key) is None:
+            body[key] = value
+    temperature, top_p, top_k = body["temperature"], body["top_p"], body["top_k"]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (temperature, top_p, top_k)):
+        return {}  # vLLM answers a 400 for it
+    return sampling_field(float(temperature), float(top_p), int(top_k))
+
+
+def add_sampling(choices: Any, sampling: dict[str, Any]) -> None:
+    """Each choice's ``sampling`` field (none when the request's values were not numbers)."""
+    if sampling and isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict):
+                choice["sampling"] = dict(sampling)
+
+
 def prepare_chat_body(body: dict[str, Any], served_name: str, base_names: set[str]) -> bool:
-    """Ask for token ids and logprobs; let tracerl parse tool calls. Returns whether to parse them."""
+    """Ask for token ids and logprobs; fill in neutral sampling (:func:`fill_sampling`); let tracerl
+    parse tool calls. Returns whether to parse them."""
     if body.get("model") in base_names:
         body["model"] = served_name
+    fill_sampling(body)
     body["return_token_ids"] = True
     if not body.get("logprobs"):
         body["logprobs"] = True
@@ -70,9 +108,13 @@ def prepare_chat_body(body: dict[str, Any], served_name: str, base_names: set[st
     return parse
 
 
-def finish_chat_body(result: dict[str, Any], parse_tools: bool, turns: TurnReader) -> dict[str, Any]:
-    """vLLM's answer with each reply read by ``turns`` (tool calls, reasoning) from its token ids."""
+def finish_chat_body(
+    result: dict[str, Any], parse_tools: bool, turns: TurnReader, sampling: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """vLLM's answer with each reply read by ``turns`` (tool calls, reasoning) from its token ids, and
+    each choice's ``sampling`` (the request's, as :func:`fill_sampling` returned it)."""
     prompt_ids = result.get("prompt_token_ids")
+    add_sampling(result.get("choices"), sampling or {})
     for choice in result.get("choices", []):
         if prompt_ids is not None:
             choice.setdefault("prompt_token_ids", prompt_ids)
@@ -105,6 +147,7 @@ def build_proxy(server: ProxiedServer) -> Any:
         """A chat request through vLLM; vLLM's error as ours (its body kept for the chat route)."""
         asked_for_policy = body.get("model") in server.aliases
         parse = prepare_chat_body(body, server.served_name, base_names | server.aliases)
+        sampling = fill_sampling(body)
         async with server.gate.request() as policy:  # no reload until the answer is back: one policy per answer
             response = await client().post("/v1/chat/completions", json=body)
         if response.status_code != 200:
@@ -112,7 +155,7 @@ def build_proxy(server: ProxiedServer) -> Any:
             error.upstream = response.content
             raise error
         assert server.turns is not None  # set by start(), before the proxy serves
-        result = finish_chat_body(response.json(), parse, server.turns)
+        result = finish_chat_body(response.json(), parse, server.turns, sampling)
         if asked_for_policy and policy:
             result["model"] = policy  # a straggler asking for agent@3 was answered by agent@4's weights
         return result
@@ -143,11 +186,52 @@ def build_proxy(server: ProxiedServer) -> Any:
     async def forward(path: str, request: Request) -> Any:
         headers = {"content-type": request.headers.get("content-type", "application/json")}
         body = await request.body()
+        sampling: dict[str, Any] = {}
+        if request.method == "POST" and path == "v1/completions":
+            body, sampling = _completions_body(body)
         async with server.gate.request():  # /v1/completions and the rest generate too: not across a reload
             response = await client().request(request.method, "/" + path, content=body, headers=headers, params=request.query_params)
         if response.status_code >= 400:
             return _error_response(response.status_code, response.content)
         media = response.headers.get("content-type", "application/json")
-        return Response(response.content, status_code=response.status_code, media_type=media)
+        content = _with_sampling(response.content, sampling) if sampling else response.content
+        return Response(content, status_code=response.status_code, media_type=media)
 
     return app
+
+
+def _completions_body(body: bytes) -> tuple[bytes, dict[str, Any]]:
+    """A ``/v1/completions`` request with neutral sampling filled in, and its choices' ``sampling``
+    (none for a body that is not a JSON object: vLLM answers it)."""
+    import json
+
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return body, {}
+    if not isinstance(request, dict):
+        return body, {}
+    sampling = fill_sampling(request)
+    return json.dumps(request).encode(), sampling
+
+
+def _with_sampling(content: bytes, sampling: dict[str, Any]) -> bytes:
+    """vLLM's completions answer (JSON, or server-sent events) with ``sampling`` on every choice."""
+    import json
+
+    def patched(text: str) -> str:
+        data = json.loads(text)
+        if isinstance(data, dict):
+            add_sampling(data.get("choices"), sampling)
+        return json.dumps(data)
+
+    try:
+        if not content.lstrip().startswith(b"data:"):
+            return patched(content.decode()).encode()
+        lines = content.decode().split("\n")
+        for i, line in enumerate(lines):
+            if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
+                lines[i] = "data: " + patched(line[5:].strip())
+        return "\n".join(lines).encode()
+    except ValueError:  # not what vLLM writes: passed on as it came
+        return content

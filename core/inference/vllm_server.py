@@ -10,8 +10,18 @@ vLLM listens on an internal port; ``base_url`` is a small proxy in this process 
 (1) asks every chat completion for ``return_token_ids`` and ``logprobs`` (token truth for the
 trainer), (2) parses Hermes tool calls with :mod:`tracerl.inference.tool_calls` (vLLM's own
 ``hermes`` parser needs ``<tool_call>`` to be one token, which SmolLM2's vocabulary lacks, and
-re-serialises arguments) and (3) forwards everything else unchanged.  The subprocess gets its
-own process group and is stopped by that group's id, never by name.
+re-serialises arguments), (3) fills in neutral sampling values a request left out and adds each
+choice's ``sampling`` field (:mod:`tracerl.inference.vllm_proxy`) and (4) forwards everything
+else unchanged.  The subprocess gets its own process group and is stopped by that group's id,
+never by name.
+
+vLLM is started with ``--logprobs-mode processed_logprobs`` (:data:`LOGPROBS_MODE`): the logprobs
+it returns are ``log_softmax`` of the logits after its sampling processors (temperature, then
+top-k and top-p; penalties and ``min_p`` too when a request sets them), the distribution each
+token was sampled from, as the transformers server reports them (:mod:`tracerl.inference.engine`).
+Greedy requests get the untempered logprobs; prompt logprobs are raw in every mode.  vLLM's
+default (``raw_logprobs``) would report temperature-1 logprobs whatever the request sampled
+with, so ``extra_args`` may not choose another mode (:class:`ConfigError`).
 
 Both listen on loopback behind one random per-process key (``api_key``): vLLM gets it as
 ``VLLM_API_KEY`` in its environment (not ``--api-key``, which ``ps`` would show every local
@@ -47,6 +57,9 @@ BREAKS_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 _MARKER = ".tracerl-vllm-complete"
 COMPACT_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 """vLLM's ``--structured-outputs-config`` for tracerl's servers (see ``VLLMServer.structured_output_args``)."""
+LOGPROBS_MODE = "processed_logprobs"
+"""vLLM's ``--logprobs-mode``: logprobs of the distribution sampled from (vLLM >= 0.10; checked in 0.32's source:
+``vllm/v1/sample/sampler.py`` and ``ops/topk_topp_sampler.py`` compute them after temperature, top-k and top-p)."""
 GUARD_MODULE = "tracerl_vllm_key_guard"
 CPU_KV_CACHE_BYTES = 1 << 30
 """vLLM's KV cache on CPU unless told otherwise: allocated up front beside the trainer, so kept small."""
@@ -207,6 +220,7 @@ class VLLMServer:
         self.max_model_len = max_model_len
         self.dtype = dtype or ("auto" if has_gpu() else "float32")
         self.extra_args = tuple(extra_args)
+        self.logprobs_args()  # a conflicting --logprobs-mode fails here, before anything starts
         self.extra_env = dict(env or {})
         self.log_path = Path(log_path) if log_path else None
         self.process: subprocess.Popen[bytes] | None = None
@@ -247,8 +261,25 @@ class VLLMServer:
             *self.executor_args(),
             *self.kv_cache_args(),
             *self.structured_output_args(),
+            *self.logprobs_args(),
             *self.extra_args,
         ]  # fmt: skip
+
+    def logprobs_args(self) -> list[str]:
+        """``--logprobs-mode processed_logprobs`` (:data:`LOGPROBS_MODE`), unless ``extra_args`` say so
+        already; any other mode is a :class:`ConfigError` (the choices' ``sampling`` would not
+        describe the logprobs returned)."""
+        args = list(self.extra_args)
+        for i, arg in enumerate(args):
+            if arg == "--logprobs-mode" or arg.startswith("--logprobs-mode="):
+                mode = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+                if mode != LOGPROBS_MODE:
+                    raise ConfigError(
+                        f"tracerl runs vLLM with --logprobs-mode {LOGPROBS_MODE} (the logprobs of the distribution "
+                        f"each token was sampled from, which capture records and the trainer reads); got {mode!r}"
+                    )
+                return []
+        return ["--logprobs-mode", LOGPROBS_MODE]
 
     def structured_output_args(self) -> list[str]:
         """Compact JSON under guided decoding (``response_format`` with a schema), unless
