@@ -15,7 +15,7 @@ BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 
-.PHONY: install install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant clean
+.PHONY: install install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-bf16 demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -121,6 +121,11 @@ install-ts: $(TS_DIR)/node_modules/.package-lock.json
 demo: install-vllm install-jemalloc
 	$(BIN)/python examples/demo.py
 
+# the demo in bf16: the trainer's base weights and vLLM serving the LoRA in bf16 (LoRA, Adam state and logprob
+# math stay fp32; a merged bf16 policy would round the update away, so the LoRA is served); its own run directory
+demo-bf16: install-vllm install-jemalloc
+	$(BIN)/python examples/demo.py --dtype bfloat16 --data .tracerl/bf16
+
 # the demo through tracerl.TinkerBackend and a `tracerl serve --tinker` it starts on loopback
 # (docs/serverless.md; ~20 min on 2 cores); its run lives under .tracerl/tinker, apart from `make demo`'s
 demo-tinker: install install-jemalloc
@@ -147,6 +152,12 @@ bench-pipeline: $(STAMP)
 # 4 models on one tracerl serve --tinker vs 4 LocalBackends: memory, steps/hour, decode speed (~25 min)
 bench-multitenant: $(STAMP)
 	$(BIN)/python bench/multitenant.py --json bench/multitenant.json
+
+# train–inference agreement with vLLM serving: each model family (random weights, tiny32) x {float32, bfloat16},
+# forced turns scored by vLLM, one GRPO step's mismatch_kl / mismatch_abs_max (~2 min a cell, ~25 min on 2 cores);
+# raw cells in bench/agreement_vllm.json, the vLLM column of docs/supported-models.md (tests/test_agreement_table.py)
+agreement-vllm: install-vllm install-model-files
+	$(BIN)/python bench/agreement_vllm.py --out bench/agreement_vllm.json
 
 # the gallery (examples/tictactoe.py, game_2048.py, text_to_sql.py, temporal_clue.py, summarizer.py, codenames.py, autorl.py),
 # seeds 0 and 1 each: held-out

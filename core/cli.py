@@ -162,6 +162,7 @@ def serve(
     gpu_memory_utilization: Optional[float] = typer.Option(None, help="vLLM: its share of each GPU (default 0.9); it sleeps during training steps on a GPU."),
     tinker: bool = typer.Option(False, "--tinker", help="Also speak the Tinker API (/api/v1) for the official tinker SDK; its key is --token (tml-...)."),
     tinker_keys: Optional[Path] = typer.Option(None, help="Tinker API tenants: a JSON object of API key (tml-...) -> tenant name; each tenant sees only its own models."),
+    dtype: str = typer.Option("auto", help="Base weights in the trainers and servers: auto (bf16 on a GPU, fp32 on a CPU) | float32 | bfloat16."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
     import uvicorn
@@ -208,9 +209,9 @@ def serve(
         if vllm_python() is None:
             raise typer.BadParameter("--tensor-parallel-size/--gpu-memory-utilization are vLLM's, and vLLM is not installed here (tracerl install-vllm)")
     try:
-        backend = LocalBackend(path, inference=kind, server_options=vllm_options)  # type: ignore[arg-type]
+        backend = LocalBackend(path, inference=kind, server_options=vllm_options, dtype=dtype)  # type: ignore[arg-type]
     except ValueError as error:
-        raise typer.BadParameter(str(error), param_hint="--inference") from error
+        raise typer.BadParameter(str(error), param_hint="--dtype" if "dtype" in str(error) else "--inference") from error
     import sys
 
     log_stream = None if access_log is None else sys.stderr if access_log == "-" else open(access_log, "a", buffering=1)  # noqa: SIM115 - lives as long as the server
@@ -230,7 +231,7 @@ def serve(
                 raise ValueError("the server's --token is also a tenant key: the owner's token must be its own")
         except (OSError, ValueError) as error:
             raise typer.BadParameter(str(error), param_hint="--tinker-keys") from error
-        tinker_service = TinkerService(Path(path) / "tinker", keys=keys, max_lora_rank=max_lora_rank, max_models=max_models)
+        tinker_service = TinkerService(Path(path) / "tinker", keys=keys, max_lora_rank=max_lora_rank, max_models=max_models, dtype=dtype)
         typer.echo(f"tracerl serve: Tinker API at {url}  ->  tinker.ServiceClient(base_url={url!r}, api_key=<--token>)", err=True)
     served = create_app(
         backend, token=token, max_body_bytes=int(max_body_mb * 2**20), policy=policy,

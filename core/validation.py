@@ -150,12 +150,21 @@ DEFAULT_OFF_POLICY_CAP = 2.0
 (``backend.train(off_policy_cap=...)``, :func:`tracerl.train.grpo.policy_loss`)."""
 
 
-def check_train_arguments(
-    *, scale_rewards: Any, allow_retokenize: Any, on_non_finite: Any, off_policy_cap: Any = DEFAULT_OFF_POLICY_CAP, **step_settings: Any
-) -> None:
-    """All of ``backend.train``'s keyword arguments (see :func:`check_step_settings` for the numbers)."""
-    check_step_settings(**step_settings)
-    check_off_policy_cap(off_policy_cap)
+TRAIN_OPTIONS = ("scale_rewards", "allow_retokenize", "on_non_finite")
+"""``backend.train``'s keywords beyond the step's own (:class:`tracerl.train.step_config.StepConfig`'s):
+how groups become sequences, and what a non-finite step does.  Their defaults: ``True``, ``False``, ``"raise"``."""
+
+
+def check_train_arguments(*, scale_rewards: Any, allow_retokenize: Any, on_non_finite: Any, **step_settings: Any) -> None:
+    """``backend.train``'s own keywords (:data:`TRAIN_OPTIONS`); given ``step_settings`` (the numbers of
+    :func:`check_step_settings`, ``off_policy_cap``), those too.
+
+    Every backend checks its keywords with this and :class:`~tracerl.train.step_config.StepConfig`,
+    which checks all of the step's settings (the train–inference mismatch ones too), before anything
+    is loaded or sent."""
+    if step_settings:
+        check_off_policy_cap(step_settings.pop("off_policy_cap", DEFAULT_OFF_POLICY_CAP))
+        check_step_settings(**step_settings)
     for name, value in (("scale_rewards", scale_rewards), ("allow_retokenize", allow_retokenize)):
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be True or False, got {value!r}")

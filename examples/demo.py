@@ -183,15 +183,16 @@ def already_logged(model: tracerl.Model, split: str, step: int) -> bool:
     return any(row.get("step") == step and f"{split}/reward" in row for row in model.history())
 
 
-def serves_merged(inference: str, serving: str) -> bool:
-    """Whether the policy is served merged (``serving="auto"``: whenever vLLM serves it).
+def serves_merged(inference: str, serving: str, dtype: str = "auto") -> bool:
+    """Whether the policy is served merged (``serving="auto"``: whenever vLLM serves it in fp32;
+    a merged bf16 policy would round the update away, so bf16 serves the LoRA).
 
     On this CPU a LoRA served by vLLM decodes at 0.26-0.41x the base model (vLLM turns
     torch.compile off for LoRA and gathers adapter weights per token); the merged policy,
     reloaded in place after each step, decodes at base speed (``bench/serving_speed.py``) and
     is the same policy, so the rollouts and the learning curve are the same, only faster.
     """
-    if serving == "lora" or inference == "transformers":
+    if serving == "lora" or inference == "transformers" or (serving == "auto" and dtype == "bfloat16"):
         return False
     if serving == "merged":
         return True
@@ -264,7 +265,8 @@ def make_backend(args: argparse.Namespace) -> tracerl.LocalBackend:
     vllm = args.inference == "vllm" or (args.inference == "auto" and vllm_python() is not None)
     return tracerl.LocalBackend(
         inference=args.inference,
-        serve_merged=serves_merged(args.inference, args.serving),
+        serve_merged=serves_merged(args.inference, args.serving, args.dtype),
+        dtype=args.dtype,
         gradient_checkpointing=args.checkpoint_every_n_layers if args.gradient_checkpointing else False,
         server_options={"kv_cache_memory_bytes": args.kv_cache_mib << 20} if vllm else None,
     )
@@ -315,6 +317,7 @@ async def main(args: argparse.Namespace) -> None:
             print(
                 f"step {result.step}/{args.steps}  train reward {sum(t.reward for g in groups for t in g) / sum(len(g) for g in groups):.3f}"
                 f"  trainable groups {result.metrics['num_groups_trainable']:.0f}/{len(groups)}"
+                f"  mismatch KL {result.metrics.get('mismatch_kl', float('nan')):.1e}"
                 f"  {step_split(result.metrics)}  {elapsed / 60:.1f} min elapsed",
                 flush=True,
             )
@@ -360,6 +363,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="checkpoint every n-th decoder layer (1: all, least memory; 2: -9%% train time for +0.85 GB)",
     )  # fmt: skip
     p.add_argument("--kv-cache-mib", type=int, default=256, help="vLLM's KV cache (allocated up front)")
+    p.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+        help="base weights in the trainer and the server (auto: fp32 on a CPU); bf16 serves the LoRA, not a merged policy",
+    )  # fmt: skip
     p.add_argument(
         "--jemalloc", action=argparse.BooleanOptionalAction, default=True,
         help="restart under jemalloc when one is installed (tracerl.train.allocator): ~0.9 GB less peak per step",

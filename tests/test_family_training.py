@@ -51,21 +51,32 @@ def qwen3_folder(tmp_path_factory):
 
 
 FAMILIES = ["qwen3", "qwen2.5", "gemma3", "gptoss", "llama3", "mistral"]
+WINDOWED = {"gemma3", "gptoss"}
+SHARP = {"initializer_range": 0.2}
+"""Random weights sharp enough that attention matters (``test_windowed_attention.py``: a dropped
+window moves logprobs by more than 0.05 with these settings)."""
+AGREEMENT = {"float32": ("mismatch_abs_max", 1e-3), "bfloat16": ("mismatch_kl", 5e-3)}
+"""What each dtype allows between sampler and trainer: fp32 every token to 1e-3; bf16 the KL limit
+set on SmolLM2's real weights (``test_bf16.py``)."""
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", FAMILIES)
-async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(family, tmp_path):
+async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(family, dtype, tmp_path):
     """A random model of each family's architecture: forced turns scored by the served policy, one
-    GRPO step on every sampled token, then the step's policy served in its place."""
+    GRPO step on every sampled token, then the step's policy served in its place.  The step's
+    train-inference agreement (docs/supported-models.md): the trainer's logprobs of the served
+    turns, the windowed families' window shrunk to 8 tokens so the conversation is far longer."""
     if not is_installed(family):
         pytest.skip(f"{family}'s files are not installed ({last_failure(family) or 'make install-model-files'})")
     from tracerl.families.models import write_random_model
     from tracerl.train.distill import TeacherQuery, served_teacher
     from transformers import AutoTokenizer
 
-    folder = write_random_model(family, tmp_path / "model")
+    overrides = {**SHARP, **({"sliding_window": 8} if family in WINDOWED else {})}
+    folder = write_random_model(family, tmp_path / "model", overrides=overrides)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    backend = tracerl.LocalBackend(tmp_path / "runs", inference="transformers")
+    backend = tracerl.LocalBackend(tmp_path / "runs", inference="transformers", dtype=dtype)
     model = tracerl.TrainableModel(name=f"{family}-random".replace(".", ""), project="families", base_model=str(folder))
     try:
         await model.register(backend)
@@ -96,6 +107,11 @@ async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(fa
 
         result = await backend.train(model, [tracerl.TrajectoryGroup(trajectories)], learning_rate=1e-2)  # forced and sampled turns
         metrics = result.metrics
+        print(f"agreement {family} {dtype} transformers: mismatch_kl={metrics['mismatch_kl']:.3g} "
+              f"max_abs={metrics['mismatch_abs_max']:.3g} tokens={metrics['mismatch_tokens']:.0f}")
+        key, limit = AGREEMENT[dtype]
+        assert metrics[key] <= limit
+        assert metrics["mismatch_tokens"] == metrics["trained_tokens"]  # every trained token had a served logprob
         assert result.step == 1 and metrics["num_groups_trainable"] == 1
         assert metrics["trained_tokens"] == metrics["sampled_tokens"] == stats.sampled_tokens > 0 and metrics["dropped_tokens/total"] == 0
         assert metrics["sequence_breaks/total"] == sum(stats.breaks.values()) and metrics["grad_norm"] > 0

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from tracerl.train.grpo import (
     LossFn,
-    chunked_token_logprobs,
     equal_trajectory_weights,
     group_advantages,
     policy_loss,
@@ -161,13 +160,22 @@ def test_duplicating_every_trajectory_leaves_the_loss_unchanged(lengths, seed):
 
 
 def test_chunked_logprobs_match_full_softmax_and_gradients():
+    """The forward route's chunks (each recomputed in backward) give the full softmax's logprobs,
+    entropies and gradients, through the model's output module and its temperature."""
+    from types import SimpleNamespace
+
+    from tracerl.train.forward import PolicyForward, Sampling
+
     torch.manual_seed(0)
-    hidden = torch.randn(2, 7, 16, requires_grad=True)
-    weight = torch.randn(50, 16)
-    targets = torch.randint(0, 50, (2, 7))
-    lp, ent = chunked_token_logprobs(hidden, weight, targets, chunk_size=3)
-    logits = hidden @ weight.T
-    ref = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
+    head = torch.nn.Linear(16, 50, bias=False)
+    model = SimpleNamespace(config=SimpleNamespace(), get_output_embeddings=lambda: head)
+    forward = PolicyForward(model, implementation="sdpa", device="cpu", dtype=torch.float32, chunk_size=3)
+    hidden = torch.randn(14, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (14,))
+    temperature = torch.full((14,), 0.7)
+    lp, ent = forward.logprobs_of(hidden, targets, Sampling(temperature))
+    logits = head(hidden) / 0.7
+    ref = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
     assert torch.allclose(lp, ref, atol=1e-5)
     p = torch.softmax(logits, -1)
     assert torch.allclose(ent, -(p * torch.log_softmax(logits, -1)).sum(-1), atol=1e-4)
@@ -188,3 +196,25 @@ def test_loss_fn_values():
     assert LossFn("cispo") is LossFn.CISPO
     with pytest.raises(ValueError):
         LossFn("grpo-magic")
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis"])
+def test_mismatch_correction_weights_fresh_tokens_by_their_sampler_ratio(correction):
+    """TIS: each fresh token's term to the trainer's own pre-update policy, weighted by
+    min(π_trainer / π_sampler, cap); MIS: weighted by that ratio inside [1/cap, cap], dropped outside."""
+    logprobs = torch.tensor([-1.0, -2.0, -0.5, -3.0], requires_grad=True)
+    sampler = torch.tensor([-1.1, -0.5, -0.5, float("nan")])  # ratios e^0.1, e^-1.5 (out of band), 1, unknown
+    advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])
+    weights = torch.ones(4)
+    out = policy_loss(logprobs, sampler, advantages, weights, loss_fn="cispo", mismatch_correction=correction, mismatch_cap=2.0)
+    ratio = torch.exp(logprobs.detach() - torch.tensor([-1.1, -0.5, -0.5, -3.0]))
+    if correction == "tis":
+        weight = ratio.clamp(max=2.0)
+    else:
+        weight = torch.where((ratio <= 2.0) & (ratio >= 0.5), ratio, torch.zeros_like(ratio))
+        assert out.mismatch_masked == 1.0
+    expected = (-advantages * logprobs.detach() * weight).sum() / 4
+    assert float(out.loss) == pytest.approx(float(expected), rel=1e-6)
+    out.loss.backward()
+    assert torch.allclose(logprobs.grad, -advantages * weight / 4)
+    assert out.clipped == 0.0  # the clipped ratio is to the proximal policy: 1

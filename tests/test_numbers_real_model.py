@@ -279,3 +279,30 @@ async def test_errors_come_back_typed_through_tracerl_serve(tmp_path, smol_token
             assert await model.get_step() == 0 and await remote.list_checkpoints(model) == [0]
     finally:
         http.stop()
+
+
+async def test_a_step_whose_sampler_is_not_the_trained_policy_fails_by_default(served, smol_tokenizer):
+    """Turns a policy served under another policy's name (a hot-load that did not happen): the
+    trainer's logprobs disagree with the recorded ones, the step fails with MismatchError naming
+    the likely causes and changes nothing; measured (and trained) only when the user opts out."""
+    backend, model = served
+    await backend.train(model, [make_group(smol_tokenizer)], learning_rate=3e-2)  # a policy far from the last one
+    step, before = await model.get_step(), _snapshot(backend, model)
+    client = model.openai_client()
+    trajectories = []
+    for seed, reward in ((1, 1.0), (2, 0.0)):
+        async with tracerl.rollout(model) as captured:
+            await client.chat.completions.create(model=model.get_inference_name(step - 1), messages=QUESTION,
+                                                 max_tokens=12, temperature=1.0, seed=seed)  # fmt: skip
+        (turn,) = captured.trajectory.sampled_turns()
+        turn.model = model.get_inference_name(step)  # answered under the new name by the old policy
+        captured.trajectory.reward = reward
+        trajectories.append(captured.trajectory)
+    group = tracerl.TrajectoryGroup(trajectories)
+    with pytest.raises(tracerl.MismatchError, match=r"mismatch KL .* > max_mismatch_kl=0\.01.*served policy is not the trained one") as error:
+        await backend.train(model, [group])
+    assert error.value.metrics["mismatch_kl"] > 0.01 and error.value.metrics["mismatch_tokens"] > 0
+    await _assert_nothing_changed(backend, model, step, before)
+    assert backend._state(model).trainer is not None  # nothing was applied: the trainer is kept
+    result = await backend.train(model, [group], max_mismatch_kl=None)
+    assert result.step == step + 1 and result.metrics["mismatch_kl"] == pytest.approx(error.value.metrics["mismatch_kl"], rel=1e-6)

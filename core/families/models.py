@@ -60,6 +60,8 @@ ARCHITECTURES: dict[str, Architecture] = {
 SHAPES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 16},
+    "tiny32": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 32},  # tiny with head_dim 32: the least vLLM's CPU attention takes
     "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
              "num_key_value_heads": 2, "head_dim": 64},  # Qwen2.5-0.5B's
     "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
@@ -69,7 +71,8 @@ SHAPES: dict[str, dict[str, int]] = {
 }  # fmt: skip
 """Widths and depths a random model is given (the vocabulary stays the tokenizer's): ``tiny`` for
 tests, the others for ``bench/gpu_check.py --families`` (gpt-oss's experts multiply its MLP
-parameters by 4, and Gemma 3's 262k vocabulary adds embedding rows)."""
+parameters by 4, and Gemma 3's 262k vocabulary adds embedding rows); ``tiny32`` for vLLM on CPU, whose
+attention takes no head_dim under 32 (``bench/agreement_vllm.py``)."""
 
 
 def stop_token_ids(tokenizer: Any, family: str) -> list[int]:

@@ -32,12 +32,14 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Iterator
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Literal
 
 from ..errors import ConfigError
 from ..gather import gather_trajectory_groups
 from ..model import Backend, TrainableModel
+from ..train.step_config import StepConfig
 from ..types import Trajectory, TrajectoryGroup
+from ..validation import TRAIN_OPTIONS, check_train_arguments
 from .retention import RetentionPolicy, apply_retention
 
 log = logging.getLogger("tracerl.pipeline")
@@ -78,8 +80,12 @@ class PipelineTrainer:
     :class:`~tracerl.TrajectoryGroup`, possibly of pending rollouts as with
     ``TrajectoryGroup(rollout(...) for _ in range(n))``; its failed rollouts count against
     ``max_exceptions`` (a fraction or a number per group) as in :func:`~tracerl.gather_trajectory_groups`.
-    ``train_kwargs`` go to ``backend.train`` unchanged (``learning_rate``, ``loss_fn``,
-    ``off_policy_cap``, ...).  ``eval_fn`` runs at the start and every ``eval_every_n_steps``;
+    The step settings (``learning_rate`` to ``on_non_finite``) are ``backend.train``'s, with its
+    defaults and checks (:class:`~tracerl.train.step_config.StepConfig`; docs/training.md, "What
+    backend.train does"): a bad one fails here, before any rollout.  Each step passes the ones that
+    differ from the defaults to ``backend.train``.  ``train_kwargs``: the same settings as a dict (a
+    setting given both ways is a ``TypeError``) and any keyword a backend of your own takes besides;
+    one ``backend.train`` does not take is a ``TypeError`` here.  ``eval_fn`` runs at the start and every ``eval_every_n_steps``;
     ``stop()``, checked after each step and its eval, ends the run early (a held-out target reached).
     ``pbar_desc``: the step bar's label (None: no bar).
     """
@@ -96,6 +102,20 @@ class PipelineTrainer:
         groups_per_step: int = 2,
         max_steps: int,
         max_staleness: int = 1,
+        learning_rate: float = StepConfig.learning_rate,
+        loss_fn: Literal["cispo", "ppo"] = StepConfig.loss_fn,
+        epsilon: float | None = StepConfig.epsilon,
+        epsilon_high: float | None = StepConfig.epsilon_high,
+        importance_sampling_level: Literal["token", "sequence"] = StepConfig.importance_level,
+        kl_penalty_coef: float = StepConfig.kl_penalty_coef,
+        max_grad_norm: float = StepConfig.max_grad_norm,
+        off_policy_cap: float | None = StepConfig.off_policy_cap,
+        max_mismatch_kl: float | None = StepConfig.max_mismatch_kl,
+        mismatch_correction: Literal["none", "tis", "mis"] = StepConfig.mismatch_correction,
+        mismatch_cap: float = StepConfig.mismatch_cap,
+        scale_rewards: bool = True,
+        allow_retokenize: bool = False,
+        on_non_finite: Literal["raise", "skip"] = "raise",
         train_kwargs: dict[str, Any] | None = None,
         eval_every_n_steps: int = 0,
         checkpoint_retention: RetentionPolicy | None = None,
@@ -111,7 +131,14 @@ class PipelineTrainer:
         self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = model, backend, rollout_fn, config, eval_fn
         self.scenarios = scenarios
         self.groups_per_step, self.max_steps, self.max_staleness = groups_per_step, max_steps, max_staleness
-        self.train_kwargs = dict(train_kwargs or {})
+        given = dict(
+            learning_rate=learning_rate, loss_fn=loss_fn, epsilon=epsilon, epsilon_high=epsilon_high,
+            importance_sampling_level=importance_sampling_level, kl_penalty_coef=kl_penalty_coef, max_grad_norm=max_grad_norm,
+            off_policy_cap=off_policy_cap, max_mismatch_kl=max_mismatch_kl, mismatch_correction=mismatch_correction,
+            mismatch_cap=mismatch_cap, scale_rewards=scale_rewards, allow_retokenize=allow_retokenize, on_non_finite=on_non_finite,
+        )  # fmt: skip
+        self.train_kwargs = _train_keywords(given, dict(train_kwargs or {}))
+        inspect.signature(backend.train).bind(model, [], **self.train_kwargs)  # a keyword the backend does not take: TypeError now
         self.eval_every_n_steps = eval_every_n_steps
         self.checkpoint_retention = checkpoint_retention
         self.max_exceptions, self.rollout_timeout = max_exceptions, rollout_timeout
@@ -305,3 +332,23 @@ def _skip(scenarios: Iterator[Any], offset: int) -> Iterator[tuple[int, Any]]:
         if index >= offset:
             yield index, scenario
 
+
+def _train_keywords(given: dict[str, Any], train_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What each step passes to ``backend.train``: the settings that differ from their defaults (checked
+    here), and ``train_kwargs``'s other keywords."""
+    defaults = {name: param.default for name, param in inspect.signature(PipelineTrainer.__init__).parameters.items() if name in given}
+
+    def is_default(name: str) -> bool:
+        return type(given[name]) is type(defaults[name]) and given[name] == defaults[name]
+
+    extra = {}
+    for name, value in train_kwargs.items():
+        if name not in given:
+            extra[name] = value
+        elif not is_default(name):
+            raise TypeError(f"PipelineTrainer got {name!r} twice: as a keyword and in train_kwargs")
+        else:
+            given[name] = value
+    check_train_arguments(**{name: given[name] for name in TRAIN_OPTIONS})
+    StepConfig.from_train_kwargs(**{name: value for name, value in given.items() if name not in TRAIN_OPTIONS})
+    return {**{name: value for name, value in given.items() if not is_default(name)}, **extra}

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
 import uuid
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Iterable, Literal
 
 import httpx
 
@@ -25,6 +26,7 @@ from ..errors import (
     CheckpointError,
     ConfigError,
     InferenceServerError,
+    MismatchError,
     NonFiniteError,
     RemoteBackendError,
     RemoteConnectionError,
@@ -34,7 +36,9 @@ from ..errors import (
 )
 from ..model import Model, TrainableModel
 from ..redact import register_secret
+from ..train.step_config import StepConfig
 from ..types import TrainResult, TrajectoryGroup
+from ..validation import check_train_arguments
 
 log = logging.getLogger("tracerl")
 
@@ -51,8 +55,14 @@ DEFAULT_TRAIN_TIMEOUT = 1800.0
 # behave as with a LocalBackend.  TypeError (unknown train keyword) keeps its message unchanged.
 _SAME_CLASS: dict[str, type[Exception]] = {
     cls.__name__: cls
-    for cls in (ConfigError, TrajectoryError, CheckpointError, InferenceServerError, TooManyExceptionsError, NonFiniteError)
+    for cls in (ConfigError, TrajectoryError, CheckpointError, InferenceServerError, TooManyExceptionsError, NonFiniteError, MismatchError)
 }
+
+
+def _is_default(name: str, value: Any) -> bool:
+    """Whether ``backend.train``'s keyword ``name`` is at its default (``RemoteBackend.train``'s signature's)."""
+    default = inspect.signature(RemoteBackend.train).parameters[name].default
+    return type(value) is type(default) and value == default
 
 
 # -- wire format (shared with tracerl.serve.server) -----------------------------------------------------
@@ -148,8 +158,41 @@ class RemoteBackend:
             for action in await asyncio.to_thread(model.run_dir.recover_rows, records, source=f"the server's checkpoint ({self.url})"):
                 log.warning("%s: %s", model.run_dir.root, action)
 
-    async def train(self, model: Model, trajectory_groups: Iterable[TrajectoryGroup], **kwargs: Any) -> TrainResult:
-        """One GRPO step on the server; keywords are ``LocalBackend.train``'s (unknown ones: ``TypeError``)."""
+    async def train(
+        self,
+        model: Model,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        *,
+        learning_rate: float = StepConfig.learning_rate,
+        loss_fn: Literal["cispo", "ppo"] = StepConfig.loss_fn,
+        epsilon: float | None = StepConfig.epsilon,
+        epsilon_high: float | None = StepConfig.epsilon_high,
+        importance_sampling_level: Literal["token", "sequence"] = StepConfig.importance_level,
+        kl_penalty_coef: float = StepConfig.kl_penalty_coef,
+        max_grad_norm: float = StepConfig.max_grad_norm,
+        off_policy_cap: float | None = StepConfig.off_policy_cap,
+        max_mismatch_kl: float | None = StepConfig.max_mismatch_kl,
+        mismatch_correction: Literal["none", "tis", "mis"] = StepConfig.mismatch_correction,
+        mismatch_cap: float = StepConfig.mismatch_cap,
+        scale_rewards: bool = True,
+        allow_retokenize: bool = False,
+        on_non_finite: Literal["raise", "skip"] = "raise",
+    ) -> TrainResult:
+        """One GRPO step on the server's ``LocalBackend``: the same keywords, defaults and checks
+        (:class:`~tracerl.train.step_config.StepConfig`; docs/training.md, "What backend.train does";
+        an unknown one is a ``TypeError``).  They are checked here before anything is sent; the ones
+        that differ from the defaults travel, so a server that predates a keyword accepts every call
+        that leaves it at its default."""
+        settings: dict[str, Any] = dict(
+            learning_rate=learning_rate, loss_fn=loss_fn, epsilon=epsilon, epsilon_high=epsilon_high,
+            importance_sampling_level=importance_sampling_level, kl_penalty_coef=kl_penalty_coef, max_grad_norm=max_grad_norm,
+            off_policy_cap=off_policy_cap, max_mismatch_kl=max_mismatch_kl, mismatch_correction=mismatch_correction,
+            mismatch_cap=mismatch_cap,
+        )  # fmt: skip
+        options = {"scale_rewards": scale_rewards, "allow_retokenize": allow_retokenize, "on_non_finite": on_non_finite}
+        check_train_arguments(**options)
+        StepConfig.from_train_kwargs(**settings)
+        kwargs = {name: value for name, value in {**settings, **options}.items() if not _is_default(name, value)}
         trainable = self._trainable(model)
         body = {"groups": encode_groups(trajectory_groups), "kwargs": kwargs}
         key = uuid.uuid4().hex  # one per call, the same on its retries

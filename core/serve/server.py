@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .. import __version__
 from ..base_models import is_template_path
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, MismatchError
 from ..inference.gateway import ROLLOUT_HEADER, ROLLOUTS_PATH, GatewayMiddleware
 from ..model import DEFAULT_BASE_PATH, TrainableModel
 from ..net.http_server import key_matches, presented_key
@@ -86,6 +86,8 @@ def error_response(error: BaseException) -> JSONResponse:
             status = 400
         elif isinstance(error, CheckpointError):
             status = 409
+        elif isinstance(error, MismatchError):  # the step's groups disagree with the trainer: nothing was applied
+            status = 422
         else:
             status = 500
             log.error("tracerl serve: unexpected %s", type_name, exc_info=error)

@@ -1,19 +1,26 @@
 """``tracerl.TinkerBackend``: tracerl's ``Backend`` over any Tinker-API service, through the official SDK.
 
-``backend.train(model, groups)`` tokenizes the groups as :class:`~tracerl.LocalBackend` does
-(the sampled turns' own token ids and logprobs; :mod:`tracerl.train.tokenization`), turns each
-row into a Tinker ``Datum`` (sampled-token advantages, the sampler's logprobs), and runs
-``forward_backward`` + ``optim_step``, then saves the new weights for sampling as
-``name@step``, which the service serves at once on its OpenAI-compatible endpoint
-(``tracerl serve --tinker``: ``/v1``).  So ``model.openai_client()`` and capture work as with
-any backend.
+``backend.train(model, groups)`` trains what :class:`~tracerl.LocalBackend` trains on the same
+groups, with the same keywords, defaults and checks (:class:`~tracerl.train.step_config.StepConfig`):
+the groups are tokenized by LocalBackend's own code (:func:`tracerl.train.local_backend.training_sequences`:
+the sampled turns' token ids and logprobs, each turn's policy lag from its ``name@step``), and the
+loss is tracerl's :func:`~tracerl.train.grpo.policy_loss` itself, computed here on the logprobs the
+service computed.  That is the SDK's ``forward_backward_custom``: a ``forward`` returns the
+trainer's logprob of every target token, the loss is computed and differentiated here, and its
+gradient with respect to those logprobs goes back as the weights of a ``cross_entropy`` backward,
+which gives the adapter the loss's exact gradient.  So everything LocalBackend's loss does comes
+with it: CISPO or PPO with its clips, token- or sequence-level ratios, equal weight per trajectory
+over the step's trained tokens (the same normaliser), the decoupled off-policy correction of turns
+an older policy sampled, turns without sampler logprobs at ratio 1, per-token advantages, and the
+k3 KL to the base model, whose logprobs come from a sampling client of the base model
+(``compute_logprobs``).  The train–inference mismatch metrics are computed on the same logprobs and
+``max_mismatch_kl`` is enforced before ``optim_step`` (a refused step sends a zero gradient and
+applies nothing).  ``optim_step`` is Adam with LocalBackend's betas, eps and gradient clip.
 
-The loss is tracerl's GRPO loss, sent as Tinker's summed loss of the same name: each token's
-advantage is scaled by its trajectory's weight over the step's trained tokens
-(:func:`tracerl.train.grpo.equal_trajectory_weights`), which makes Tinker's sum equal to
-LocalBackend's mean (PPO and CISPO scale linearly in the advantage).  Adam's betas and eps are
-LocalBackend's.  The run's Tinker state paths are kept in the run directory (``tinker.json``),
-so a new process resumes from the newest saved state.
+Then the new weights are saved for sampling as ``name@step``, which the service serves at once
+on its OpenAI-compatible endpoint (``tracerl serve --tinker``: ``/v1``), so
+``model.openai_client()`` and capture work as with any backend.  The run's Tinker state paths are
+kept in the run directory (``tinker.json``), so a new process resumes from the newest saved state.
 """
 
 from __future__ import annotations
@@ -24,28 +31,33 @@ import math
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MismatchError, NonFiniteError
 from ..model import Model, TrainableModel
 from ..redact import register_secret
 from ..runs.durable import atomic_write_text
 from ..runs.storage import history_row
-from ..types import TrainResult, TrajectoryGroup
+from ..train.step_config import StepConfig
+from ..types import TrainResult, TrajectoryGroup, check_groups
+from ..validation import check_train_arguments
 
 log = logging.getLogger("tracerl.tinker")
 
-DEFAULT_CLIP = {"cispo": (0.0, 5.0), "ppo": (0.8, 1.2)}
-"""Ratio bounds per loss: tracerl's GRPO defaults (CISPO ε 1.0 / 4.0, PPO ε 0.2) as Tinker's absolute bounds."""
+UNFILTERED = (1.0, 0, 1.0)
+"""A turn's sampling ``(temperature, top_k, top_p)`` that a Tinker ``forward``'s logprobs are of."""
 
 
 class TinkerBackend:
     """Train through a Tinker-API service (``tracerl serve --tinker``, or a hosted one)."""
 
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, *, openai_base_url: str | None = None) -> None:
+    def __init__(
+        self, base_url: str | None = None, api_key: str | None = None, *, openai_base_url: str | None = None, seed: int | None = None
+    ) -> None:  # fmt: skip
         """``base_url``/``api_key``: the service and your ``tml-`` key (default ``$TINKER_BASE_URL`` /
         ``$TINKER_API_KEY``, as the SDK reads them).  ``openai_base_url``: where the saved sampler
-        weights answer OpenAI requests (default ``<base_url>/v1``, ``tracerl serve``'s)."""
+        weights answer OpenAI requests (default ``<base_url>/v1``, ``tracerl serve``'s).  ``seed``: the
+        initialisation seed of a new model's LoRA (``create_lora_training_client(seed=...)``; None: the service's choice)."""
         self.base_url = (base_url or os.environ.get("TINKER_BASE_URL") or "").rstrip("/") or None
         self.api_key = api_key or os.environ.get("TINKER_API_KEY")
         if self.api_key is None:
@@ -57,6 +69,8 @@ class TinkerBackend:
         self.service: Any = None
         self.clients: dict[tuple[str, str], Any] = {}  # (project, name) -> the SDK's TrainingClient
         self.tokenizers: dict[tuple[str, str], Any] = {}
+        self.base_samplers: dict[str, Any] = {}  # base model -> a SamplingClient of it (KL's reference logprobs)
+        self.seed = seed
 
     # -- Backend ----------------------------------------------------------------------------
     async def register(self, model: Model) -> None:
@@ -72,7 +86,9 @@ class TinkerBackend:
             training = await self.service.create_training_client_from_state_with_optimizer(newest)
         else:
             rank = int(model.lora_config.get("r", 8))
-            training = await self.service.create_lora_training_client(base_model=model.base_model, rank=rank, train_unembed=False)
+            training = await self.service.create_lora_training_client(
+                base_model=model.base_model, rank=rank, seed=self.seed, train_unembed=False
+            )
             await training.save_weights_for_sampler(name=model.get_inference_name(0))
         self.clients[model.project, model.name] = training
         self.tokenizers[model.project, model.name] = training.get_tokenizer()
@@ -81,34 +97,118 @@ class TinkerBackend:
         model._step_cache = state["step"]
 
     async def train(
-        self, model: Model, trajectory_groups: Iterable[TrajectoryGroup], *, learning_rate: float = 5e-6, loss_fn: str = "cispo",
-        epsilon: float | None = None, epsilon_high: float | None = None, max_grad_norm: float = 1.0, scale_rewards: bool = True,
+        self,
+        model: Model,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        *,
+        learning_rate: float = StepConfig.learning_rate,
+        loss_fn: Literal["cispo", "ppo"] = StepConfig.loss_fn,
+        epsilon: float | None = StepConfig.epsilon,
+        epsilon_high: float | None = StepConfig.epsilon_high,
+        importance_sampling_level: Literal["token", "sequence"] = StepConfig.importance_level,
+        kl_penalty_coef: float = StepConfig.kl_penalty_coef,
+        max_grad_norm: float = StepConfig.max_grad_norm,
+        off_policy_cap: float | None = StepConfig.off_policy_cap,
+        max_mismatch_kl: float | None = StepConfig.max_mismatch_kl,
+        mismatch_correction: Literal["none", "tis", "mis"] = StepConfig.mismatch_correction,
+        mismatch_cap: float = StepConfig.mismatch_cap,
+        scale_rewards: bool = True,
         allow_retokenize: bool = False,
-    ) -> TrainResult:  # fmt: skip
-        """One step: GRPO on the groups (LocalBackend's keywords for the loss and optimizer)."""
-        from tinker import types
+        on_non_finite: Literal["raise", "skip"] = "raise",
+    ) -> TrainResult:
+        """One GRPO step on the groups, as :meth:`LocalBackend.train <tracerl.LocalBackend.train>` takes it.
+
+        The keywords, their defaults and their checks are LocalBackend's
+        (:class:`~tracerl.train.step_config.StepConfig`; docs/training.md, "What backend.train does");
+        an unknown one is a ``TypeError``.  The metrics carry LocalBackend's names (``loss``,
+        ``grad_norm``, ``ratio_mean``, ``kl``, ``stale_token_fraction``, ``mismatch_kl``, ...; not
+        ``entropy``: a Tinker ``forward`` returns the target tokens' logprobs only).  A step whose
+        loss is not finite, or whose gradient norm is not, applies nothing: :class:`NonFiniteError`,
+        or with ``on_non_finite="skip"`` a new step with the adapter unchanged; a mismatch above
+        ``max_mismatch_kl`` is a :class:`~tracerl.errors.MismatchError` and the step does not advance.
+        Turns sampled with a temperature other than 1, top-k or top-p are refused (``ConfigError``):
+        a Tinker ``forward`` computes the unprocessed distribution's logprobs.
+        """
+        check_train_arguments(scale_rewards=scale_rewards, allow_retokenize=allow_retokenize, on_non_finite=on_non_finite)
+        config = StepConfig.from_train_kwargs(
+            learning_rate=learning_rate, loss_fn=loss_fn, epsilon=epsilon, epsilon_high=epsilon_high,
+            importance_sampling_level=importance_sampling_level, kl_penalty_coef=kl_penalty_coef, max_grad_norm=max_grad_norm,
+            off_policy_cap=off_policy_cap, max_mismatch_kl=max_mismatch_kl, mismatch_correction=mismatch_correction,
+            mismatch_cap=mismatch_cap,
+        )  # fmt: skip
+        from ..train.local_backend import PolicyLags, training_sequences
+        from ..train.sampled_turns import check_sampled_turns
 
         trainable = self._registered(model)
-        if loss_fn not in DEFAULT_CLIP:
-            raise ConfigError(f"loss_fn must be one of {sorted(DEFAULT_CLIP)}, got {loss_fn!r}")
-        low, high = DEFAULT_CLIP[loss_fn]
-        if epsilon is not None:
-            low = 1.0 - epsilon
-        if epsilon_high is not None or (epsilon is not None and loss_fn == "ppo"):
-            high = 1.0 + (epsilon_high if epsilon_high is not None else epsilon)  # type: ignore[operator]
         groups = list(trajectory_groups)
-        datums, metrics = self._datums(trainable, groups, scale_rewards, allow_retokenize)
-        training = self.clients[trainable.project, trainable.name]
+        without_sampled_turns = check_sampled_turns(groups)
+        check_groups(groups)
         started = time.monotonic()
-        if datums:
-            config = {"clip_low_threshold": max(low, 0.0), "clip_high_threshold": high}
-            backward = await training.forward_backward(datums, loss_fn, loss_fn_config=config)
-            adam = types.AdamParams(learning_rate=learning_rate, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=max_grad_norm)
-            optimizer = await training.optim_step(adam)
-            metrics["loss"] = backward.metrics["loss:sum"]
-            metrics.update({key.split(":")[0]: value for key, value in (optimizer.metrics or {}).items()})
+        step = self._state(trainable)["step"] + 1
+        lags = PolicyLags(trainable, trained_from=step - 1)
+        tokenizer = self.tokenizers[trainable.project, trainable.name]
+        sequences, metrics = training_sequences(
+            groups, lambda: tokenizer, scale_rewards=scale_rewards, allow_retokenize=allow_retokenize, max_seq_len=None, lags=lags
+        )
+        metrics.update(lags.metrics())
+        metrics["trajectories_without_sampled_turns"] = float(without_sampled_turns)
+        if sequences:
+            await self._step(trainable, sequences, config, metrics, on_non_finite)
         metrics["train_seconds"] = time.monotonic() - started
-        return await self._commit(trainable, self._state(trainable)["step"] + 1, metrics)
+        result = await self._commit(trainable, step, metrics)
+        result.metrics["step_seconds"] = time.monotonic() - started
+        return result
+
+    async def _step(
+        self, model: TrainableModel, sequences: list[Any], config: StepConfig, metrics: dict[str, float], on_non_finite: str
+    ) -> None:
+        """``forward_backward_custom`` with tracerl's loss, the checks, then ``optim_step`` (or nothing, see :meth:`train`)."""
+        import tinker
+        from tinker import types
+
+        from ..train.local_backend import trajectory_weights
+
+        _check_sampling(sequences)
+        reference = await self._reference_logprobs(model, sequences) if config.kl_penalty_coef else None
+        loss = StepLoss(sequences, trajectory_weights(sequences), config, reference)
+        training = self.clients[model.project, model.name]
+        await training.forward_backward_custom([_datum(seq, {}) for seq in sequences], loss)
+        metrics.update(loss.metrics)
+        refused = loss.refused
+        if refused is None:
+            adam = types.AdamParams(learning_rate=config.learning_rate, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=config.max_grad_norm)
+            try:
+                optimizer = await training.optim_step(adam)
+            except tinker.RequestFailedError as error:
+                if "NonFiniteError" not in str(error):
+                    raise
+                refused = NonFiniteError(f"{error}; the optimizer step was not taken")
+            else:
+                optimizer_metrics = {key.split(":")[0]: float(value) for key, value in (optimizer.metrics or {}).items()}
+                metrics["grad_norm"] = optimizer_metrics.pop("grad_norm", float("nan"))
+                metrics.update(optimizer_metrics)
+        if isinstance(refused, NonFiniteError) and on_non_finite == "skip":
+            log.warning("on_non_finite='skip': %s; the update is skipped and the adapter saved unchanged as the new step", refused)
+            metrics["skipped_non_finite"] = 1.0
+        elif isinstance(refused, NonFiniteError):
+            raise NonFiniteError(
+                f"{refused}; the step did not advance, the adapter and optimizer state are unchanged "
+                "(on_non_finite='skip' skips such updates instead)"
+            ) from refused
+        elif refused is not None:
+            raise refused
+
+    async def _reference_logprobs(self, model: TrainableModel, sequences: list[Any]) -> list[list[float | None]]:
+        """The base model's logprob of each token of each sequence (KL's reference), from a sampling
+        client of the base model (``compute_logprobs``; the first token's is None)."""
+        import asyncio
+
+        from tinker import types
+
+        sampler = self.base_samplers.get(model.base_model)
+        if sampler is None:
+            sampler = self.base_samplers[model.base_model] = await self.service.create_sampling_client(base_model=model.base_model)
+        return list(await asyncio.gather(*(sampler.compute_logprobs(types.ModelInput.from_ints(seq.token_ids)) for seq in sequences)))
 
     async def train_sft(
         self, model: Model, trajectories: Any, config: Any = None, *, val_trajectories: Any = None
@@ -190,6 +290,7 @@ class TinkerBackend:
 
     async def close(self) -> None:
         self.clients.clear()
+        self.base_samplers.clear()
         self.service = None
 
     # -- helpers ---------------------------------------------------------------------------
@@ -224,52 +325,128 @@ class TinkerBackend:
         model.run_dir.root.mkdir(parents=True, exist_ok=True)
         atomic_write_text(model.run_dir.root / "tinker.json", json.dumps(state))
 
-    def _datums(self, model: TrainableModel, groups: list[TrajectoryGroup], scale_rewards: bool, allow_retokenize: bool) -> tuple[list[Any], dict[str, float]]:
-        """Rows tokenized as LocalBackend does, as Tinker datums whose summed loss is LocalBackend's mean."""
-        from ..train.grpo import equal_trajectory_weights, group_advantages
-        from ..train.tokenization import TokenizeStats, tokenize_trajectory
-
-        tokenizer = self.tokenizers[model.project, model.name]
-        stats = TokenizeStats()
-        rows = []
-        trajectory_index = trainable_groups = 0
-        for g, group in enumerate(groups):
-            if any(choice.token_advantages is not None for t in group.trajectories for choice in t.sampled_turns()):
-                raise ConfigError("TinkerBackend does not train per-token advantages (on-policy distillation) yet: use LocalBackend")
-            advantages, trainable = group_advantages(group.rewards, scale_rewards=scale_rewards)
-            trainable_groups += trainable
-            for trajectory, advantage in zip(group.trajectories, advantages):
-                if trainable:
-                    for row in tokenize_trajectory(
-                        trajectory, tokenizer, trajectory_index=trajectory_index, group_index=g, allow_retokenize=allow_retokenize, stats=stats
-                    ):
-                        rows.append((row, advantage))
-                trajectory_index += 1
-        per_trajectory: dict[int, int] = {}
-        for row, _ in rows:
-            per_trajectory[row.trajectory_index] = per_trajectory.get(row.trajectory_index, 0) + row.num_trainable
-        keys = sorted(per_trajectory)
-        weight_of = dict(zip(keys, equal_trajectory_weights([per_trajectory[k] for k in keys])))
-        total = max(sum(row.num_trainable for row, _ in rows), 1)
-        datums = []
-        for row, advantage in rows:
-            scale = advantage * weight_of[row.trajectory_index] / total
-            weights = row.weights[1:]  # token i+1 is the target at position i
-            logprobs = [lp if w > 0 and not math.isnan(lp) else 0.0 for lp, w in zip(row.old_logprobs[1:], weights)]
-            datums.append(_datum(row, {"logprobs": logprobs, "advantages": [scale * w for w in weights]}))
-        metrics = {
-            "num_groups": float(len(groups)),
-            "num_groups_trainable": float(trainable_groups),
-            "num_trajectories": float(trajectory_index),
-            "num_sequences": float(len(rows)),
-            "trained_tokens": float(total),
-            **stats.metrics(),
-        }
-        return datums, metrics
-
 
 def _datum(row: Any, inputs: dict[str, list[float]]) -> Any:
     """A Tinker ``Datum`` of one tokenized row: position ``i`` predicts token ``i + 1`` (``inputs`` per target)."""
     from tinker import types
 
     return types.Datum(model_input=types.ModelInput.from_ints(row.token_ids[:-1]), loss_fn_inputs={"target_tokens": row.token_ids[1:], **inputs})
+
+
+def _check_sampling(sequences: list[Any]) -> None:
+    """Refuse trained tokens sampled from a processed distribution (a temperature other than 1, top-k, top-p)."""
+    for seq in sequences:
+        sampling = getattr(seq, "sampling", None)
+        if sampling is None:
+            continue
+        for weight, params in zip(seq.weights, sampling):
+            if weight > 0 and tuple(params) != UNFILTERED:
+                temperature, top_k, top_p = params
+                raise ConfigError(
+                    f"{seq.label or 'a trajectory'} has a turn sampled with temperature={temperature}, top_k={top_k}, "
+                    f"top_p={top_p}: TinkerBackend trains the logprobs a Tinker forward computes (temperature 1, no "
+                    "top-k/top-p), so it would train another distribution than the one sampled; sample at "
+                    "temperature 1 without top-k/top-p, or train with LocalBackend"
+                )
+
+
+class StepLoss:
+    """tracerl's GRPO loss on the logprobs a Tinker service computed: ``forward_backward_custom``'s loss function.
+
+    Built from the step's sequences (``TrainingSequence``: what LocalBackend packs), their
+    trajectory weights, the :class:`StepConfig` and, for a KL penalty, the base model's logprob of
+    each token.  Called by the SDK with the datums (one per sequence, ``token_ids[:-1]`` predicting
+    ``token_ids[1:]``) and the trainer's logprob of each target; it picks the trained targets, calls
+    :func:`~tracerl.train.grpo.policy_loss` with exactly the arguments LocalBackend's trainer passes (:meth:`StepConfig.loss_kwargs`),
+    and records the trainer's metrics and the mismatch metrics in :attr:`metrics`.  A step that must
+    not be applied (a non-finite loss, a mismatch above ``max_mismatch_kl``) returns a loss with
+    zero gradient and sets :attr:`refused` to the error to raise once the SDK call is done (an error
+    raised inside the SDK's call would fail the training client for good).
+    """
+
+    def __init__(
+        self, sequences: list[Any], trajectory_weights: list[float], config: StepConfig, reference: list[list[float | None]] | None = None
+    ) -> None:  # fmt: skip
+        import torch
+
+        self.config = config
+        positions, weights, advantages, old, lags, ids, ref = [], [], [], [], [], [], []
+        for index, (seq, trajectory_weight) in enumerate(zip(sequences, trajectory_weights)):
+            picked = [t for t in range(1, len(seq.token_ids)) if seq.weights[t] > 0]  # target t sits at position t - 1
+            positions.append(torch.tensor([t - 1 for t in picked], dtype=torch.long))
+            for t in picked:
+                weights.append(seq.weights[t] * trajectory_weight)
+                advantages.append(seq.advantage + (seq.token_advantages[t] if seq.token_advantages is not None else 0.0))
+                old.append(seq.old_logprobs[t])
+                lags.append(seq.policy_lags[t] if seq.policy_lags is not None else 0)
+                ids.append(index)
+                if reference is not None:
+                    value = reference[index][t]
+                    ref.append(float("nan") if value is None else float(value))
+        self.positions = positions
+        self.weights_N = torch.tensor(weights, dtype=torch.float32)
+        self.advantages_N = torch.tensor(advantages, dtype=torch.float32)
+        self.old_logprobs_N = torch.tensor(old, dtype=torch.float32)
+        self.policy_lag_N = torch.tensor(lags, dtype=torch.long) if any(lags) else None
+        self.sequence_ids_N = torch.tensor(ids, dtype=torch.long)
+        self.ref_logprobs_N = torch.tensor(ref, dtype=torch.float32) if reference is not None else None
+        if self.ref_logprobs_N is not None and bool(torch.isnan(self.ref_logprobs_N).any()):
+            raise ConfigError("the service returned no reference logprob for some trained tokens: the KL penalty cannot be computed")
+        self.normalizer = float((self.weights_N > 0).sum())
+        self.metrics: dict[str, float] = {}
+        self.refused: Exception | None = None
+
+    def __call__(self, data: list[Any], logprobs_list: list[Any]) -> tuple[Any, dict[str, float]]:
+        import torch
+
+        from ..train.grpo import policy_loss, probability_correlation
+        from ..train.mismatch import check_mismatch, mismatch_metrics, mismatch_sums
+
+        config = self.config
+        logprobs_N = torch.cat([lp.float()[index] for lp, index in zip(logprobs_list, self.positions)])
+        out = policy_loss(
+            logprobs_N,
+            self.old_logprobs_N,
+            self.advantages_N,
+            self.weights_N,
+            normalizer=self.normalizer,
+            ref_logprobs_BT=self.ref_logprobs_N,
+            sequence_ids_BT=self.sequence_ids_N,
+            policy_lag_BT=self.policy_lag_N,
+            **config.loss_kwargs(),
+        )
+        n = max(out.tokens, 1.0)
+        metrics = {
+            "loss": float(out.loss.detach()),
+            "ratio_mean": out.ratio_sum / n,
+            "ratio_max": out.ratio_max,
+            "clipped_fraction": out.clipped / n,
+            "trained_tokens": out.tokens,
+            "forward_tokens": float(sum(datum.model_input.length for datum in data)),
+        }
+        if config.kl_penalty_coef:
+            metrics["kl"] = out.kl_sum / n
+        if out.stale_tokens:
+            metrics["off_policy_ratio_mean"] = out.off_policy_ratio_sum / out.stale_tokens
+            metrics["off_policy_ratio_max"] = out.off_policy_ratio_max
+            metrics["off_policy_truncated_fraction"] = out.off_policy_truncated / out.stale_tokens
+        metrics["stale_token_fraction"] = out.stale_tokens / n
+        mask = self.weights_N > 0
+        corr = probability_correlation(self.old_logprobs_N[mask], logprobs_N.detach()[mask])
+        if not math.isnan(corr):
+            metrics["sampler_trainer_prob_corr"] = corr
+        fresh = mask if self.policy_lag_N is None else mask & (self.policy_lag_N == 0)
+        metrics.update(mismatch_metrics(mismatch_sums(logprobs_N, self.old_logprobs_N, fresh, config.mismatch_cap)))
+        if config.mismatch_correction == "mis":
+            metrics["mismatch_masked_fraction"] = out.mismatch_masked / n
+        self.metrics = metrics
+        if not torch.isfinite(out.loss):
+            self.refused = NonFiniteError(f"the loss is {float(out.loss.detach())}; the optimizer step was not taken")
+        else:
+            try:
+                check_mismatch(metrics, config.max_mismatch_kl)
+            except MismatchError as error:
+                self.refused = error
+        if self.refused is not None:  # nothing of this step may reach the adapter: a zero gradient
+            return sum((lp * torch.zeros_like(lp)).sum() for lp in logprobs_list), {}
+        return out.loss, {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hmac
+import functools
 import json
 import logging
 import time
@@ -120,8 +121,15 @@ class TinkerService:
 
     def __init__(
         self, root: str | Path, *, base_model: str = "smollm2-135m", keys: Mapping[str, str] | None = None,
-        max_models: int = 4, max_lora_rank: int = 64, max_queued: int = 256, longpoll_s: float = 35.0,
+        max_models: int = 4, max_lora_rank: int = 64, max_queued: int = 256, longpoll_s: float = 35.0, dtype: str = "auto",
     ) -> None:  # fmt: skip
+        """``dtype``: the base weights' format in the adapter pool and the sampler (``"auto"``: bf16 on a
+        GPU, fp32 on a CPU; :data:`tracerl.inference.devices.DTYPES`)."""
+        from ..inference.devices import DTYPES
+
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+        self.dtype = None if dtype == "auto" else dtype
         self.root = Path(root)
         self.model_path = resolve_base_model(base_model)
         self.model_name = EMBEDDED_NAME if base_model.lower() in EMBEDDED_ALIASES else base_model
@@ -146,9 +154,9 @@ class TinkerService:
 
         self.loop = asyncio.get_running_loop()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.pool = await asyncio.to_thread(LoRAPool, self.model_path)
+        self.pool = await asyncio.to_thread(functools.partial(LoRAPool, self.model_path, dtype=self.dtype))
         await asyncio.to_thread(self._resume)
-        self.sampler = TransformersServer(self.model_path, served_name=self.model_name)
+        self.sampler = TransformersServer(self.model_path, served_name=self.model_name, dtype=self.dtype)
         await self.sampler.start()
         log.info("tinker service: %s ready (checkpoints in %s)", self.model_name, self.root)
 
@@ -472,11 +480,15 @@ class TinkerService:
             stop=[s for s in stop if isinstance(s, str)], stop_token_ids=[s for s in stop if isinstance(s, int)],
             seed=params.get("seed"),
         )  # fmt: skip
-        samples = await asyncio.wrap_future(engine.submit(job))
         scored = None
         if with_prompt:
-            entries, _ = await asyncio.to_thread(engine.prompt_logprobs, prompt, adapter)
+            entries, last = await asyncio.to_thread(engine.prompt_logprobs, prompt, adapter)
             scored = [entry.logprob for entry in entries[1:]]
+            if n == 1 and max_tokens == 1:  # compute_logprobs: the one token comes from the scoring pass
+                one = engine.one_token(last, job.temperature, job.seed, top_p=job.top_p, top_k=job.top_k)
+                finish = "stop" if one.token_ids[-1] in job.stop_token_ids else one.finish_reason
+                return sample_response([(one.token_ids, one.logprobs, finish)], scored)
+        samples = await asyncio.wrap_future(engine.submit(job))
         return sample_response([(s.token_ids, s.logprobs, s.finish_reason) for s in samples], scored)
 
     # -- checkpoints ----------------------------------------------------------------------

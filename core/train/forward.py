@@ -154,42 +154,47 @@ class PolicyForward:
     # -- the load-time check ------------------------------------------------------------
     @torch.no_grad()
     def check_against_model(self, vocab_size: int, *, seed: int = 0) -> float:
-        """Compare the route with the model's own ``forward`` on a packed probe; return the largest |Δ logprob|.
+        """Compare the route with the model's own ``forward`` on a packed probe; return the mean KL.
 
         The probe is one row holding a shared prefix and two suffixes, longer together than the
         model's smallest window, so a window measured on the wrong positions, a mask the decoder
-        ignores or logits processed another way all show.  Raises :class:`ConfigError` past the
-        dtype's tolerance."""
+        ignores or logits processed another way all show.  Compared: KL(own forward ‖ route) of the
+        whole next-token distribution at each suffix position, which a wrong attention or logit
+        processing moves far more than rounding does (fp32: ~1e-12).  Below fp32 the packed row and the
+        plain sequence round differently (SmolLM2 in bf16: a mean KL of ~2e-3 on this random probe,
+        exactly 0 without the shared prefix), so the limit there is 1e-2 and catches gross differences
+        only; the fp32 tests are what prove the semantics.  Raises :class:`ConfigError` past the limit."""
+        from .packing import pack_sequences
         from .tokenization import TrainingSequence
 
         windows = [w for w in self.layout.windows.values() if w is not None]
         span = (min(windows) if windows else 8) + 4
         generator = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, vocab_size, (3 * span,), generator=generator).tolist()
-        prefix, first, second = ids[:span], ids[span : 2 * span], ids[2 * span :]
+        prefix, suffixes = ids[:span], (ids[span : 2 * span], ids[2 * span :])
         sequences = [
             TrainingSequence([*prefix, *suffix], [0.0] * span + [1.0] * span, [0.0] * (2 * span), trajectory_index=i, group_index=0)
-            for i, suffix in enumerate((first, second))
+            for i, suffix in enumerate(suffixes)
         ]
-        from .packing import pack_sequences
-
         (batch,) = pack_sequences(sequences, [1.0, 1.0], max_tokens=8 * span)
-        packed = self.token_logprobs(batch)[0].float().cpu()
-        reference = []
-        for seq in sequences:
+        hidden_NH = self.hidden(batch)
+        output = self.causal_lm.get_output_embeddings()
+        kl_sum = 0.0
+        for i, seq in enumerate(sequences):
             ids_T = torch.tensor([seq.token_ids], device=self.device)
-            logits = self.causal_lm(input_ids=ids_T, logits_to_keep=span + 1).logits[0, :-1].float()
-            reference.append(torch.log_softmax(logits, dim=-1).gather(-1, ids_T[0, -span:, None].cpu().to(logits.device))[:, 0].cpu())
-        worst = float((packed - torch.cat(reference)).abs().max())
-        tolerance = 1e-3 if self.dtype == torch.float32 else 0.1
-        if not worst <= tolerance:
+            own = torch.log_softmax(self.causal_lm(input_ids=ids_T, logits_to_keep=span + 1).logits[0, :-1].float(), dim=-1)
+            ours = torch.log_softmax(self.processing(output(hidden_NH[i * span : (i + 1) * span]).float()), dim=-1)
+            kl_sum += float((own.exp() * (own - ours)).sum())
+        kl = kl_sum / (2 * span)
+        limit = 1e-6 if self.dtype == torch.float32 else 1e-2
+        if not kl <= limit:
             raise ConfigError(
-                f"the trainer's logprobs differ from {type(self.causal_lm).__name__}'s own forward by {worst:.3g} "
-                f"(> {tolerance:g}) on a packed probe: this model family attends or processes its logits in a way "
-                "tracerl's trainer does not reproduce (layer types "
-                f"{self.layout.windows}, logit processing {self.processing}); training it would not train what is served"
+                f"the trainer's next-token distributions differ from {type(self.causal_lm).__name__}'s own forward by a "
+                f"mean KL of {kl:.3g} (> {limit:g}) on a packed probe: this model family attends or processes its logits "
+                f"in a way tracerl's trainer does not reproduce (layer types {self.layout.windows}, logit processing "
+                f"{self.processing}); training it would not train what is served"
             )
-        return worst
+        return kl
 
 
 def _part(tensor: torch.Tensor | None, part: slice) -> torch.Tensor | None:

@@ -1,4 +1,5 @@
-"""GRPO as pure math: advantages, token weights, losses, chunked logprobs. No I/O, no model.
+"""GRPO as pure math: advantages, token weights, losses. No I/O, no model (the logprobs come from
+:mod:`tracerl.train.forward`).
 
 Shape suffixes: ``_G`` members of a group, ``_B`` rows of a batch, ``_T`` tokens,
 ``_H`` hidden size, ``_V`` vocabulary.
@@ -11,7 +12,6 @@ from enum import Enum
 from typing import Sequence
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from ..validation import DEFAULT_OFF_POLICY_CAP
 
@@ -221,44 +221,6 @@ def _sequence_mean(values: torch.Tensor, mask: torch.Tensor, sequence_ids: torch
     sums = torch.zeros(size, dtype=values.dtype, device=values.device).index_add(0, ids, flat * flat_mask)
     counts = torch.zeros(size, dtype=values.dtype, device=values.device).index_add(0, ids, flat_mask).clamp(min=1)
     return (sums / counts)[ids].reshape(values.shape)
-
-
-def _chunk_logprobs(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, targets_C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    logits_CV = hidden_CH @ weight_VH.T
-    lse_C = torch.logsumexp(logits_CV, dim=-1)
-    target_logits_C = logits_CV.gather(-1, targets_C[:, None]).squeeze(-1)
-    with torch.no_grad():
-        probs = torch.softmax(logits_CV.detach(), dim=-1)
-        entropy_C = lse_C.detach() - (probs * logits_CV.detach()).sum(-1)
-    return target_logits_C - lse_C, entropy_C
-
-
-def chunked_token_logprobs(
-    hidden_BTH: torch.Tensor,
-    lm_head_weight_VH: torch.Tensor,
-    targets_BT: torch.Tensor,
-    *,
-    chunk_size: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of each target token and the entropy at each position, chunk by chunk.
-
-    Each chunk's ``[chunk, V]`` logits are recomputed in backward (activation checkpointing)
-    instead of being stored, so ``[B, T, V]`` logits never exist at once.
-    """
-    B, T, H = hidden_BTH.shape
-    flat_hidden = hidden_BTH.reshape(B * T, H)
-    flat_targets = targets_BT.reshape(B * T)
-    logprob_chunks, entropy_chunks = [], []
-    for start in range(0, B * T, chunk_size):
-        h = flat_hidden[start : start + chunk_size]
-        t = flat_targets[start : start + chunk_size]
-        if torch.is_grad_enabled() and (h.requires_grad or lm_head_weight_VH.requires_grad):
-            lp, ent = checkpoint(_chunk_logprobs, h, lm_head_weight_VH, t, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(h, lm_head_weight_VH, t)
-        logprob_chunks.append(lp)
-        entropy_chunks.append(ent)
-    return torch.cat(logprob_chunks).reshape(B, T), torch.cat(entropy_chunks).reshape(B, T)
 
 
 def probability_correlation(sampler_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor) -> float:

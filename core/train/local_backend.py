@@ -18,18 +18,21 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Literal
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Literal
 
 from ..base_models import resolve_base_model, with_chat_template
-from ..errors import CheckpointError, ConfigError, NonFiniteError, TrajectoryError
+from ..errors import CheckpointError, ConfigError, MismatchError, NonFiniteError, TrajectoryError
 from ..gather import GatheredGroups
+from ..inference.devices import DTYPES
+from ..inference.vllm_server import has_gpu
 from ..model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
 from ..runs.run_lock import RunLock
 from ..runs.storage import TRAIN_SPLIT, RunDir, atomic_dir
 from ..types import Choice, TrainResult, TrajectoryGroup, check_groups
-from ..validation import DEFAULT_OFF_POLICY_CAP, check_train_arguments, describe_group, describe_trajectory
+from ..validation import check_train_arguments, describe_group, describe_trajectory
 from .sampled_turns import check_sampled_turns
 from .served_policies import ServedPolicies
+from .step_config import StepConfig
 from .tokenization import TokenizeStats, TrainingSequence, tokenize_trajectory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,6 +77,7 @@ class LocalBackend:
         train_workers: int = 1,
         gradient_checkpointing: bool | int = False,
         pause_serving_while_training: bool = True,
+        dtype: Literal["auto", "float32", "bfloat16"] = "auto",
     ) -> None:
         """``path``: data directory (overrides the model's ``base_path``); ``inference=None`` trains without serving.
 
@@ -101,6 +105,16 @@ class LocalBackend:
             raise ConfigError(f"inference must be 'auto', 'vllm', 'transformers' or None, got {inference!r}")
         if serve_merged and inference not in ("auto", "vllm"):
             raise ConfigError(f"serve_merged=True reloads weights in a vLLM server; it needs inference='vllm' or 'auto', not {inference!r}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+        served_dtype = (server_options or {}).get("dtype") or dtype
+        if serve_merged and (served_dtype if served_dtype != "auto" else ("bfloat16" if has_gpu() else "float32")) != "float32":
+            raise ConfigError(
+                f"serve_merged=True with {served_dtype!r} weights would lose the update: a merged bf16 weight W + δ rounds a "
+                "learning-rate-sized δ back to W, so the base model would be served as the trained policy. Serve adapters "
+                "(serve_merged=False, the default) or merge in fp32 (dtype='float32')"
+            )
+        self.dtype = dtype
         self.path = Path(path) if path is not None else None
         self.inference = inference
         self.device = device
@@ -191,7 +205,8 @@ class LocalBackend:
     def _server_options(self, state: _Registered) -> dict[str, Any]:
         """``server_options`` plus the model's reply parsers (its own settings win)."""
         model = state.model
-        return {**self.server_options, "tool_call_parser": model.tool_call_parser, "reasoning_parser": model.reasoning_parser}
+        dtype = {} if self.dtype == "auto" else {"dtype": self.dtype}
+        return {**dtype, **self.server_options, "tool_call_parser": model.tool_call_parser, "reasoning_parser": model.reasoning_parser}
 
     async def _reload_merged(self, state: _Registered, step: int, trainer: "LoRATrainer", policy: str) -> None:
         """Write the trainer's policy as a full model and have vLLM reload it in place; keep only that copy."""
@@ -229,7 +244,7 @@ class LocalBackend:
             latest = state.run_dir.latest_step()
             adapter = state.run_dir.checkpoint_path(latest) if latest is not None else None
             options: dict[str, Any] = dict(lora=LoRASettings.from_dict(state.model.lora_config), adapter_path=adapter,
-                                           device=self.device)
+                                           device=self.device, dtype=None if self.dtype == "auto" else self.dtype)
             if self.train_workers > 1:
                 from ..cluster.data_parallel import TorchrunLoRATrainer
 
@@ -288,19 +303,30 @@ class LocalBackend:
         model: TrainableModel,
         trajectory_groups: Iterable[TrajectoryGroup],
         *,
-        learning_rate: float = 5e-6,
-        loss_fn: Literal["cispo", "ppo"] = "cispo",
-        epsilon: float | None = None,
-        epsilon_high: float | None = None,
-        importance_sampling_level: Literal["token", "sequence"] = "token",
-        kl_penalty_coef: float = 0.0,
+        learning_rate: float = StepConfig.learning_rate,
+        loss_fn: Literal["cispo", "ppo"] = StepConfig.loss_fn,
+        epsilon: float | None = StepConfig.epsilon,
+        epsilon_high: float | None = StepConfig.epsilon_high,
+        importance_sampling_level: Literal["token", "sequence"] = StepConfig.importance_level,
+        kl_penalty_coef: float = StepConfig.kl_penalty_coef,
+        max_grad_norm: float = StepConfig.max_grad_norm,
+        off_policy_cap: float | None = StepConfig.off_policy_cap,
+        max_mismatch_kl: float | None = StepConfig.max_mismatch_kl,
+        mismatch_correction: Literal["none", "tis", "mis"] = StepConfig.mismatch_correction,
+        mismatch_cap: float = StepConfig.mismatch_cap,
         scale_rewards: bool = True,
-        max_grad_norm: float = 0.1,
         allow_retokenize: bool = False,
         on_non_finite: Literal["raise", "skip"] = "raise",
-        off_policy_cap: float | None = DEFAULT_OFF_POLICY_CAP,
     ) -> TrainResult:
         """One GRPO step on ``trajectory_groups``; returns the new step, metrics and checkpoint path.
+
+        The keywords are every backend's (``TinkerBackend``, ``RemoteBackend``, ``PipelineTrainer``
+        take the same, with the same defaults and checks): the step's loss and optimizer settings
+        are :class:`~tracerl.train.step_config.StepConfig`'s (``importance_sampling_level`` is its
+        ``importance_level``), ``scale_rewards``, ``allow_retokenize`` and ``on_non_finite`` this
+        call's; docs/training.md, "What backend.train does", has the table.  A sampled turn without
+        sampler logprobs (``Choice.logprobs=None``) trains with ratio 1 (its logprobs are unknown:
+        NaN in :func:`~tracerl.train.grpo.policy_loss`).
 
         A sampled turn whose :attr:`~tracerl.Choice.model` names an older step of ``model`` than
         the one trained from (a pipelined loop, a straggler) is corrected off-policy: decoupled
@@ -326,30 +352,18 @@ class LocalBackend:
         ``on_non_finite="skip"`` is logged and advances like a step without trainable groups
         (README, "What backend.train does").  An unsupported keyword is a ``TypeError``.
         """
-        settings = dict(
-            learning_rate=learning_rate,
-            loss_fn=loss_fn,
-            epsilon=epsilon,
-            epsilon_high=epsilon_high,
-            kl_penalty_coef=kl_penalty_coef,
-            max_grad_norm=max_grad_norm,
-        )
-        check_train_arguments(
-            **settings,
-            importance_sampling_level=importance_sampling_level,
-            scale_rewards=scale_rewards,
-            allow_retokenize=allow_retokenize,
-            on_non_finite=on_non_finite,
-            off_policy_cap=off_policy_cap,
-        )
+        check_train_arguments(scale_rewards=scale_rewards, allow_retokenize=allow_retokenize, on_non_finite=on_non_finite)
+        config = StepConfig.from_train_kwargs(
+            learning_rate=learning_rate, loss_fn=loss_fn, epsilon=epsilon, epsilon_high=epsilon_high,
+            importance_sampling_level=importance_sampling_level, kl_penalty_coef=kl_penalty_coef, max_grad_norm=max_grad_norm,
+            off_policy_cap=off_policy_cap, max_mismatch_kl=max_mismatch_kl, mismatch_correction=mismatch_correction,
+            mismatch_cap=mismatch_cap,
+        )  # fmt: skip
         rollout_seconds = _gather_seconds(trajectory_groups)
         groups = list(trajectory_groups)
         without_sampled_turns = check_sampled_turns(groups)  # none at all: raises, naming them and why
         state = self._writable(model)
         check_groups(groups, vocab_size=_embedding_rows(state.model_path))
-        from .trainer import StepConfig  # torch: only once everything is known to be sane
-
-        config = StepConfig(**settings, importance_level=importance_sampling_level, off_policy_cap=off_policy_cap)
         started = time.monotonic()
         step = (state.run_dir.latest_step() or 0) + 1
         lags = PolicyLags(model, trained_from=step - 1)
@@ -494,6 +508,8 @@ class LocalBackend:
             async with self._paused_for_step(state):
                 metrics.update(await asyncio.to_thread(self._run_step, trainer, sequences, config, state))
             return True
+        except MismatchError:
+            raise  # raised before the update: the trainer holds the last checkpoint still
         except NonFiniteError as error:
             if error.adapter_changed:
                 state.trainer = None
@@ -520,65 +536,18 @@ class LocalBackend:
         lags: "PolicyLags | None" = None,
     ) -> tuple[list[TrainingSequence], dict[str, float]]:
         """Advantages per group, then tokenization of the trainable groups' trajectories."""
-        from .grpo import group_advantages
-
-        stats = TokenizeStats()
-        sequences: list[TrainingSequence] = []
-        trainable_groups = 0
-        trajectory_index = 0
-        distilled_groups = 0
-        for g, group in enumerate(groups):
-            advantages, trainable = group_advantages(group.rewards, scale_rewards=scale_rewards)
-            distilled = _has_token_advantages(group)  # per-token advantages train even when the rewards are equal
-            distilled_groups += distilled
-            if not trainable and not distilled:
-                trajectory_index += len(group.trajectories)
-                continue
-            if not all(math.isfinite(a) for a in advantages):
-                raise TrajectoryError(f"{describe_group(g, group)}: rewards {group.rewards} are too large: their advantages overflow")
-            trainable_groups += 1
-            tokenizer = self.tokenizer(state.model)
-            for i, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages)):
-                for seq in tokenize_trajectory(
-                    trajectory,
-                    tokenizer,
-                    trajectory_index=trajectory_index,
-                    group_index=g,
-                    allow_retokenize=allow_retokenize,
-                    stats=stats,
-                    max_seq_len=self.max_seq_len,
-                    label=describe_trajectory(g, group, i, trajectory),
-                    policy_lag=lags,
-                ):
-                    seq.advantage = advantage
-                    sequences.append(seq)
-                trajectory_index += 1
-        metrics = {
-            "num_groups": float(len(groups)),
-            "num_groups_trainable": float(trainable_groups),
-            "num_groups_with_token_advantages": float(distilled_groups),
-            "num_trajectories": float(sum(len(g.trajectories) for g in groups)),
-            "num_sequences": float(len(sequences)),
-            "skipped_non_finite": 0.0,
-            **stats.metrics(),
-        }
-        return sequences, metrics
+        return training_sequences(
+            groups, lambda: self.tokenizer(state.model), scale_rewards=scale_rewards, allow_retokenize=allow_retokenize,
+            max_seq_len=self.max_seq_len, lags=lags,
+        )  # fmt: skip
 
     def _run_step(
         self, trainer: "LoRATrainer", sequences: list[TrainingSequence], config: Any, state: _Registered
     ) -> dict[str, float]:
-        from .grpo import equal_trajectory_weights
         from .packing import pack_sequences
 
-        per_trajectory: dict[int, int] = {}
-        for seq in sequences:
-            per_trajectory[seq.trajectory_index] = per_trajectory.get(seq.trajectory_index, 0) + seq.num_trainable
-        keys = sorted(per_trajectory)
-        weight_of = dict(zip(keys, equal_trajectory_weights([per_trajectory[k] for k in keys])))
         pad = self.tokenizer(state.model).pad_token_id or 0
-        batches = pack_sequences(
-            sequences, [weight_of[s.trajectory_index] for s in sequences], max_tokens=self.micro_batch_tokens, pad_token_id=pad
-        )
+        batches = pack_sequences(sequences, trajectory_weights(sequences), max_tokens=self.micro_batch_tokens, pad_token_id=pad)
         return trainer.step(batches, config)
 
 
@@ -600,6 +569,76 @@ class PolicyLags:
 
     def metrics(self) -> dict[str, float]:
         return {"stale_turns": float(sum(1 for lag in self.seen if lag)), "policy_lag_max": float(max(self.seen, default=0))}
+
+
+def training_sequences(
+    groups: list[TrajectoryGroup],
+    tokenizer: Callable[[], Any],
+    *,
+    scale_rewards: bool,
+    allow_retokenize: bool,
+    max_seq_len: int | None,
+    lags: PolicyLags | None = None,
+) -> tuple[list[TrainingSequence], dict[str, float]]:
+    """What a GRPO step trains, whichever backend takes it: advantages per group, then the trainable
+    groups' trajectories tokenized (``tokenizer()`` is called only when one is needed), each
+    sequence carrying its trajectory's advantage; and the step's counting metrics."""
+    from .grpo import group_advantages
+
+    stats = TokenizeStats()
+    sequences: list[TrainingSequence] = []
+    trainable_groups = 0
+    trajectory_index = 0
+    distilled_groups = 0
+    for g, group in enumerate(groups):
+        advantages, trainable = group_advantages(group.rewards, scale_rewards=scale_rewards)
+        distilled = _has_token_advantages(group)  # per-token advantages train even when the rewards are equal
+        distilled_groups += distilled
+        if not trainable and not distilled:
+            trajectory_index += len(group.trajectories)
+            continue
+        if not all(math.isfinite(a) for a in advantages):
+            raise TrajectoryError(f"{describe_group(g, group)}: rewards {group.rewards} are too large: their advantages overflow")
+        trainable_groups += 1
+        tokens = tokenizer()
+        for i, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages)):
+            for seq in tokenize_trajectory(
+                trajectory,
+                tokens,
+                trajectory_index=trajectory_index,
+                group_index=g,
+                allow_retokenize=allow_retokenize,
+                stats=stats,
+                max_seq_len=max_seq_len,
+                label=describe_trajectory(g, group, i, trajectory),
+                policy_lag=lags,
+            ):
+                seq.advantage = advantage
+                sequences.append(seq)
+            trajectory_index += 1
+    metrics = {
+        "num_groups": float(len(groups)),
+        "num_groups_trainable": float(trainable_groups),
+        "num_groups_with_token_advantages": float(distilled_groups),
+        "num_trajectories": float(sum(len(g.trajectories) for g in groups)),
+        "num_sequences": float(len(sequences)),
+        "skipped_non_finite": 0.0,
+        **stats.metrics(),
+    }
+    return sequences, metrics
+
+
+def trajectory_weights(sequences: list[TrainingSequence]) -> list[float]:
+    """Each sequence's token weight so that every trajectory weighs the same in the step, whatever
+    its length (:func:`tracerl.train.grpo.equal_trajectory_weights` over the trajectories' trained tokens)."""
+    from .grpo import equal_trajectory_weights
+
+    per_trajectory: dict[int, int] = {}
+    for seq in sequences:
+        per_trajectory[seq.trajectory_index] = per_trajectory.get(seq.trajectory_index, 0) + seq.num_trainable
+    keys = sorted(per_trajectory)
+    weight_of = dict(zip(keys, equal_trajectory_weights([per_trajectory[k] for k in keys])))
+    return [weight_of[seq.trajectory_index] for seq in sequences]
 
 
 def _has_token_advantages(group: TrajectoryGroup) -> bool:

@@ -89,6 +89,16 @@ class StepConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def loss_kwargs(self) -> dict[str, Any]:
+        """What :func:`tracerl.train.grpo.policy_loss` takes from these settings: every backend's
+        loss call passes exactly this (``LoRATrainer`` and ``TinkerBackend``'s ``StepLoss``)."""
+        return {
+            "loss_fn": self.loss_fn, "epsilon": self.epsilon, "epsilon_high": self.epsilon_high,
+            "importance_level": self.importance_level, "kl_penalty_coef": self.kl_penalty_coef,
+            "off_policy_cap": self.off_policy_cap, "mismatch_correction": self.mismatch_correction,
+            "mismatch_cap": self.mismatch_cap,
+        }  # fmt: skip
+
 
 def check_mismatch_settings(max_mismatch_kl: Any, mismatch_correction: Any, mismatch_cap: Any) -> None:
     """``max_mismatch_kl``: None or a number > 0; ``mismatch_correction``: one of the named ones;

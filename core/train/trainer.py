@@ -270,18 +270,11 @@ class LoRATrainer:
                 mb.old_logprobs_N.to(self.device),
                 mb.advantages_N.to(self.device),
                 weights,
-                loss_fn=config.loss_fn,
-                epsilon=config.epsilon,
-                epsilon_high=config.epsilon_high,
-                importance_level=config.importance_level,
                 normalizer=normalizer,
                 ref_logprobs_BT=ref,
-                kl_penalty_coef=config.kl_penalty_coef,
                 sequence_ids_BT=mb.sequence_ids_N.to(self.device),
                 policy_lag_BT=mb.policy_lag_N.to(self.device) if mb.policy_lag_N is not None else None,
-                off_policy_cap=config.off_policy_cap,
-                mismatch_correction=config.mismatch_correction,
-                mismatch_cap=config.mismatch_cap,
+                **config.loss_kwargs(),
             )
             if not torch.isfinite(out.loss):
                 bad = mb.sequence_ids_N[out.non_finite_BT.cpu()].unique().tolist() if out.non_finite_BT is not None else []
