@@ -132,7 +132,7 @@ def test_the_pipelined_loop_tags_bounds_corrects_retains_and_resumes(tmp_path, c
 
     report, history, checkpoints = asyncio.run(run(4))
     bar = capfd.readouterr().err.split("\r")[-1]
-    assert "pipeline: 100%" in bar and "4/4" in bar and "reward=" in bar and "dropped=" in bar, bar  # the step bar
+    assert "pipeline: 100%" in bar and "4/4" in bar and "reward=" in bar and "dropped=" in bar and "mismatch KL=" in bar, bar  # the step bar
     rows = [row for row in history if "train/reward" in row]
     assert [row["step"] for row in rows] == [1, 2, 3, 4] == report.steps
     assert pinned_answers == ["pipe@0"] * 3  # the slow group's pinned policy, after steps 1 and 2 were served

@@ -195,6 +195,7 @@ class PipelineTrainer:
                 if bar is not None:
                     bar.set_postfix(
                         {"reward": f"{row.get('train/reward', float('nan')):.3f}", "staleness": f"{metrics['staleness_mean']:.2f}",
+                         "mismatch KL": f"{metrics.get('mismatch_kl', float('nan')):.1e}",
                          "dropped": report.groups_dropped_stale, "in flight": len(self._running)}, refresh=False,
                     )  # fmt: skip
                     bar.update(step - bar.n)
@@ -312,7 +313,7 @@ class PipelineTrainer:
 
 
 def _step_bar(total: int, done: int, desc: str | None) -> Any:
-    """A tqdm bar of steps (None without ``desc``): reward, staleness, groups dropped and in flight after each."""
+    """A tqdm bar of steps (None without ``desc``): reward, staleness, train–inference mismatch, groups dropped and in flight after each."""
     if desc is None:
         return None
     from tqdm.auto import tqdm
