@@ -132,27 +132,11 @@ def server_log_errors(log: Path, keep: int = 8) -> dict[str, Any]:
     return out
 
 
-async def forced(model: Any, tokenizer: Any, family: str, messages: list[dict], tools: list | None, reward: float) -> Any:
-    """The conversation as a trajectory whose assistant turns are the template's tokens, each scored
-    by the served policy (the test's ``forced``)."""
-    import tracerl
-    from family_helpers import forced_turns
-    from tracerl.train.distill import TeacherQuery, served_teacher
-
-    served = served_teacher(model, model_name=model.get_inference_name())
-    items = forced_turns(tokenizer, family, messages, tools)
-    for i, item in enumerate(items):
-        if isinstance(item, tracerl.Choice):
-            query = TeacherQuery(messages[:i], tools, item.prompt_token_ids, item.token_ids)
-            items[i] = item.model_copy(update={"logprobs": await served.score(query)})
-    return tracerl.Trajectory(messages_and_choices=items, tools=tools, reward=reward)
-
-
 async def measure(family: str, dtype: str, work: Path, *, startup_timeout: float) -> dict[str, Any]:
     """One cell: serve with vLLM, score the forced turns, capture a sampled one, train one step."""
     import tracerl
     import tracerl.integrations as ti
-    from family_helpers import family_conversation
+    from family_helpers import family_conversation, scored_conversation
     from tracerl.families.models import write_random_model
     from transformers import AutoTokenizer
 
@@ -180,7 +164,7 @@ async def measure(family: str, dtype: str, work: Path, *, startup_timeout: float
         trajectories = []
         for reward, follow_up, variant in ((1.0, False, 0), (0.0, False, 1), (0.5, True, 0)):
             messages, tools = family_conversation(family, follow_up=follow_up, variant=variant)
-            trajectories.append(await forced(model, tokenizer, family, messages, tools, reward))
+            trajectories.append(await scored_conversation(model, tokenizer, family, messages, tools, reward))
         lap("score_s")
         async with ti.rollout(model) as captured:  # a turn the random model really sampled
             await model.openai_client().chat.completions.create(

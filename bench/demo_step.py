@@ -11,7 +11,10 @@ seed (so the same tasks and the same per-rollout sampling seeds) and ``--inferen
   (``--serving lora --no-gradient-checkpointing --kv-cache-mib 2048 --no-jemalloc``);
 - ``new``: today's demo with its defaults (the merged policy reloaded in vLLM after each step,
   gradient checkpointing of every second layer, a 256 MiB KV cache, jemalloc under the trainer
-  when installed).
+  when installed);
+- ``fp32`` / ``bf16``: today's demo serving the LoRA (merged serving is fp32 only), with fp32 or
+  bf16 base weights in the trainer and in vLLM (``--order fp32,bf16``: what bf16 costs or saves
+  on this CPU).
 
 The sides run one after another (``--order``; two at once would not fit this machine's memory
 and would share its two cores), each from a fresh run directory; the ceiling
@@ -65,6 +68,9 @@ SIDES: dict[str, dict[str, Any]] = {
         "label": "lora: today's code, vLLM serves the LoRA, no checkpointing, 2 GiB KV",
     },
     "new": {"commit": None, "argv": [], "label": "new: today's demo (merged policy, every 2nd layer checkpointed, 256 MiB KV, jemalloc)"},
+    "fp32": {"commit": None, "argv": ["--serving", "lora"], "label": "fp32: today's demo, vLLM serving the LoRA, fp32 weights"},
+    "bf16": {"commit": None, "argv": ["--serving", "lora", "--dtype", "bfloat16"],
+             "label": "bf16: today's demo, vLLM serving the LoRA, bf16 base weights (make demo-bf16)"},
 }
 SPLIT = ("rollout_seconds", "train_seconds", "save_seconds", "hot_load_seconds")
 

@@ -263,10 +263,11 @@ def make_backend(args: argparse.Namespace) -> tracerl.LocalBackend:
     from tracerl.inference.vllm_server import vllm_python
 
     vllm = args.inference == "vllm" or (args.inference == "auto" and vllm_python() is not None)
+    dtype = getattr(args, "dtype", "auto")  # the gallery and the Agents SDK example pass their own options
     return tracerl.LocalBackend(
         inference=args.inference,
-        serve_merged=serves_merged(args.inference, args.serving, args.dtype),
-        dtype=args.dtype,
+        serve_merged=serves_merged(args.inference, args.serving, dtype),
+        dtype=dtype,
         gradient_checkpointing=args.checkpoint_every_n_layers if args.gradient_checkpointing else False,
         server_options={"kv_cache_memory_bytes": args.kv_cache_mib << 20} if vllm else None,
     )

@@ -86,3 +86,17 @@ def _harmony_final(tokenizer, message: dict) -> list[int]:
     text = (f"<|channel|>analysis<|message|>{message['thinking']}<|end|>"
             f"<|start|>assistant<|channel|>final<|message|>{message['content']}<|return|>")  # fmt: skip
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+async def scored_conversation(model, tokenizer, family: str, messages: list[dict], tools: list | None, reward: float):
+    """The conversation as a trajectory whose assistant turns are the template's tokens (``forced_turns``),
+    each scored by the served policy: the logprobs a sampler would have returned."""
+    from tracerl.train.distill import TeacherQuery, served_teacher
+
+    served = served_teacher(model, model_name=model.get_inference_name())
+    items = forced_turns(tokenizer, family, messages, tools)
+    for i, item in enumerate(items):
+        if isinstance(item, tracerl.Choice):
+            query = TeacherQuery(messages[:i], tools, item.prompt_token_ids, item.token_ids)
+            items[i] = item.model_copy(update={"logprobs": await served.score(query)})
+    return tracerl.Trajectory(messages_and_choices=items, tools=tools, reward=reward)

@@ -21,24 +21,16 @@ from __future__ import annotations
 import pytest
 import tracerl
 import tracerl.integrations as ti
-from family_helpers import TOOLS, family_conversation, forced_turns
+from family_helpers import TOOLS, family_conversation, scored_conversation
 from tracerl.families.files import is_installed, last_failure
 from tracerl.train.tokenization import TokenizeStats, tokenize_trajectory
 
 
 async def forced(model: tracerl.TrainableModel, tokenizer, messages: list[dict], reward: float, *, family: str = "qwen3",
                  tools: list | None = TOOLS) -> tracerl.Trajectory:  # fmt: skip
-    """The conversation as a trajectory whose assistant turns are the template's tokens (``forced_turns``),
-    each scored by the served policy: the logprobs a sampler would have returned."""
-    from tracerl.train.distill import TeacherQuery, served_teacher
-
-    served = served_teacher(model, model_name=model.get_inference_name())
-    items = forced_turns(tokenizer, family, messages, tools)
-    for i, item in enumerate(items):
-        if isinstance(item, tracerl.Choice):
-            query = TeacherQuery(messages[:i], tools, item.prompt_token_ids, item.token_ids)
-            items[i] = item.model_copy(update={"logprobs": await served.score(query)})
-    return tracerl.Trajectory(messages_and_choices=items, tools=tools, reward=reward)
+    """The conversation as a trajectory whose assistant turns are the template's tokens, each scored
+    by the served policy (``family_helpers.scored_conversation``)."""
+    return await scored_conversation(model, tokenizer, family, messages, tools, reward)
 
 
 @pytest.fixture(scope="module")
