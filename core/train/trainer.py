@@ -1,8 +1,9 @@
 """The LoRA trainer: base model + peft adapter + AdamW, one GRPO step at a time.
 
 The training loop is an explicit function of micro-batches (see :meth:`LoRATrainer.step`),
-not a framework trainer to subclass.  fp32 on CPU (bf16 is 5–40x slower there), bf16 on CUDA
-(:func:`tracerl.inference.devices.dtype_for`), after a check that the GPU has room for the model.
+not a framework trainer to subclass.  By default fp32 on CPU (bf16 pays only where the CPU has bf16
+instructions: ``dtype="bfloat16"``), bf16 on CUDA (:func:`tracerl.inference.devices.dtype_for`), after
+a check that the GPU has room for the model; in bf16 the LoRA, Adam's state and the logprob math stay fp32.
 """
 
 from __future__ import annotations
