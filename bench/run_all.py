@@ -49,6 +49,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "langgraph_overhead": [],
     "pipeline": ["--seeds", "0,1,2", "--results", "{raw}/pipeline_results.json"],
     "multitenant": ["--json", "{raw}/multitenant_results.json"],
+    "bf16_floor": ["--json", "{raw}/bf16_floor_results.json"],
 }  # fmt: skip
 
 

@@ -52,21 +52,36 @@ AGREEMENT = {"float32": ("mismatch_abs_max", 1e-3), "bfloat16": ("mismatch_kl", 
 set on SmolLM2's real weights (``test_bf16.py``)."""
 
 
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory):
+    """Each family's sharp random model, written once for both dtypes' cells."""
+    from tracerl.families.models import write_random_model
+
+    folders = {}
+
+    def get(family: str):
+        if family not in folders:
+            overrides = {**SHARP, **({"sliding_window": 8} if family in WINDOWED else {})}
+            folders[family] = write_random_model(family, tmp_path_factory.mktemp(family.replace(".", "")), overrides=overrides)
+        return folders[family]
+
+    return get
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", FAMILIES)
-async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(family, dtype, tmp_path):
-    """A random model of each family's architecture: forced turns scored by the served policy, one
-    GRPO step on every sampled token, then the step's policy served in its place.  The step's
+async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(family, dtype, random_model, tmp_path):
+    """A random model of each family's architecture: forced turns scored by the served policy (and in
+    fp32 a turn sampled through the OpenAI SDK), one GRPO step on every sampled token, then (fp32)
+    the step's policy served in its place.  The step's
     train-inference agreement (docs/supported-models.md): the trainer's logprobs of the served
     turns, the windowed families' window shrunk to 8 tokens so the conversation is far longer."""
     if not is_installed(family):
         pytest.skip(f"{family}'s files are not installed ({last_failure(family) or 'make install-model-files'})")
-    from tracerl.families.models import write_random_model
     from tracerl.train.distill import TeacherQuery, served_teacher
     from transformers import AutoTokenizer
 
-    overrides = {**SHARP, **({"sliding_window": 8} if family in WINDOWED else {})}
-    folder = write_random_model(family, tmp_path / "model", overrides=overrides)
+    folder = random_model(family)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     backend = tracerl.LocalBackend(tmp_path / "runs", inference="transformers", dtype=dtype)
     model = tracerl.TrainableModel(name=f"{family}-random".replace(".", ""), project="families", base_model=str(folder))
@@ -76,14 +91,16 @@ async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(fa
         for reward, follow_up, variant in ((1.0, False, 0), (0.0, False, 1), (0.5, True, 0)):  # different tokens, or their updates cancel
             messages, tools = family_conversation(family, follow_up=follow_up, variant=variant)
             trajectories.append(await forced(model, tokenizer, messages, reward, family=family, tools=tools))
-        async with ti.rollout(model) as captured:  # a turn the random model really sampled, captured
-            await model.openai_client().chat.completions.create(  # through the OpenAI SDK and read by the family's reader
-                model=model.get_inference_name(), messages=messages[:2], tools=tools, max_tokens=12, temperature=1.0, seed=3,
-            )  # fmt: skip
-        (sampled,) = [c for c in captured.trajectory.messages_and_choices if isinstance(c, tracerl.Choice)]
-        assert sampled.token_ids and len(sampled.logprobs) == len(sampled.token_ids) and sampled.model == model.get_inference_name()
-        captured.trajectory.reward = 0.25
-        trajectories.append(captured.trajectory)
+        full = dtype == "float32"  # the bf16 cell measures the agreement only; the fp32 cell proves the rest
+        if full:
+            async with ti.rollout(model) as captured:  # a turn the random model really sampled, captured
+                await model.openai_client().chat.completions.create(  # through the OpenAI SDK and read by the family's reader
+                    model=model.get_inference_name(), messages=messages[:2], tools=tools, max_tokens=12, temperature=1.0, seed=3,
+                )  # fmt: skip
+            (sampled,) = [c for c in captured.trajectory.messages_and_choices if isinstance(c, tracerl.Choice)]
+            assert sampled.token_ids and len(sampled.logprobs) == len(sampled.token_ids) and sampled.model == model.get_inference_name()
+            captured.trajectory.reward = 0.25
+            trajectories.append(captured.trajectory)
         stats = TokenizeStats()
         for trajectory in trajectories:
             sequences = tokenize_trajectory(trajectory, tokenizer, stats=stats)
@@ -108,6 +125,8 @@ async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(fa
         assert metrics["trained_tokens"] == metrics["sampled_tokens"] == stats.sampled_tokens > 0 and metrics["dropped_tokens/total"] == 0
         assert metrics["sequence_breaks/total"] == sum(stats.breaks.values()) and metrics["grad_norm"] > 0
 
+        if not full:
+            return
         turn = next(c for c in trajectories[0].messages_and_choices if isinstance(c, tracerl.Choice))
         query = TeacherQuery([], tools, turn.prompt_token_ids, turn.token_ids)
         after = await served_teacher(model, model_name=model.get_inference_name(1)).score(query)

@@ -138,3 +138,30 @@ def test_an_unknown_layer_type_is_refused():
 
     with pytest.raises(ConfigError, match="chunked_attention"):
         AttentionLayout.of(Config(), "sdpa")
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+def test_the_load_probe_shrinks_a_long_window_and_still_sees_it_dropped(family, tmp_path, monkeypatch):
+    """Gemma 3's real 512-token window and Mistral's 4096 are shrunk to 8 for the load-time probe
+    (a 12k-token probe otherwise), in the model's configuration and the route's masks alike: the
+    probe passes, the configuration is restored, and a route whose masks drop the window is refused."""
+    if not is_installed(family):
+        pytest.skip(f"the {family} tokenizer is not installed (make install-model-files)")
+    from transformers import AutoModelForCausalLM
+
+    from tracerl.train import attention
+    from tracerl.train.forward import PROBE_WINDOW, PolicyForward
+
+    folder = write_random_model(family, tmp_path, overrides={"initializer_range": 0.2})
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    window = model.config.sliding_window
+    assert window > 4 * PROBE_WINDOW
+    route = PolicyForward(model, implementation="sdpa", device="cpu", dtype=torch.float32)
+    assert route.check_against_model(model.config.vocab_size) <= 1e-6
+    assert model.config.sliding_window == window and max(w or 0 for w in route.layout.windows.values()) == window
+
+    full = attention.allowed
+    monkeypatch.setattr(attention, "allowed", lambda segments, positions, window: full(segments, positions, None))
+    with pytest.raises(ConfigError, match="does not reproduce"):
+        route.check_against_model(model.config.vocab_size)
+    assert model.config.sliding_window == window

@@ -12,12 +12,14 @@ The GRPO trainer, SFT, distillation and the Tinker service's adapter pool all ca
   in backward instead of stored.
 
 :meth:`PolicyForward.check_against_model` runs once at load: the route must give the model's own
-``forward`` logprobs on a packed probe longer than the model's window, or the trainer refuses the
+``forward`` logprobs on a packed probe longer than the model's window (shrunk for the probe), or the trainer refuses the
 model rather than train another distribution than the one served.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,10 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import ConfigError
 from .attention import AttentionLayout
 from .packing import MicroBatch
+
+PROBE_WINDOW = 8
+"""The load-time probe's window: a model's larger window is shrunk to it for the probe, which then
+spans three windows at little cost (a 4096-token window would need a 12k-token probe)."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,8 @@ class PolicyForward:
         """Compare the route with the model's own ``forward`` on a packed probe; return the mean KL.
 
         The probe is one row holding a shared prefix and two suffixes, longer together than the
-        model's smallest window, so a window measured on the wrong positions, a mask the decoder
+        model's smallest window (shrunk to :data:`PROBE_WINDOW` for the probe, in the model's
+        configuration, which its ``forward`` reads, and in the route's layout alike), so a window measured on the wrong positions, a mask the decoder
         ignores or logits processed another way all show.  Compared: KL(own forward ‖ route) of the
         whole next-token distribution at each suffix position, which a wrong attention or logit
         processing moves far more than rounding does (fp32: ~1e-12).  Below fp32 the packed row and the
@@ -168,7 +175,10 @@ class PolicyForward:
         from .tokenization import TrainingSequence
 
         windows = [w for w in self.layout.windows.values() if w is not None]
-        span = (min(windows) if windows else 8) + 4
+        if windows and min(windows) > PROBE_WINDOW:
+            with _window_shrunk(self, PROBE_WINDOW):
+                return self.check_against_model(vocab_size, seed=seed)
+        span = (min(windows) if windows else PROBE_WINDOW) + 4
         generator = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, vocab_size, (3 * span,), generator=generator).tolist()
         prefix, suffixes = ids[:span], (ids[span : 2 * span], ids[2 * span :])
@@ -195,6 +205,20 @@ class PolicyForward:
                 f"{self.processing}); training it would not train what is served"
             )
         return kl
+
+
+@contextmanager
+def _window_shrunk(route: PolicyForward, window: int) -> Iterator[None]:
+    """The model's ``sliding_window`` (which its ``forward`` reads to build its masks) and the route's
+    layout set to ``window`` for the probe, then restored."""
+    config, layout = route.causal_lm.config, route.layout
+    original = config.sliding_window
+    config.sliding_window = window
+    route.layout = AttentionLayout.of(config, layout.implementation)
+    try:
+        yield
+    finally:
+        config.sliding_window, route.layout = original, layout
 
 
 def _part(tensor: torch.Tensor | None, part: slice) -> torch.Tensor | None:
