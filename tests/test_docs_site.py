@@ -151,7 +151,7 @@ def test_unmarked_python_blocks_run(block, tmp_path):
 def test_the_site_builds_strictly(tmp_path):
     """``make docs``' build, into a temporary folder: every page, link, anchor and API reference resolves."""
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
-        pytest.importorskip(module, reason="install the docs extra: pip install -e '.[docs]' (make install-docs)")
+        pytest.importorskip(module, reason="install the docs extra: pip install -e '.[docs]' (make install-dev)")
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     built = subprocess.run(

