@@ -118,14 +118,14 @@ test: $(DEV_STAMP) install-vllm install-gguf-converter install-model-files insta
 	$(BIN)/python -m pytest -q --durations=30 tests
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
-# check nothing was lost (~10 min on 2 CPU cores); the result is committed as bench/chaos.json
+# check nothing was lost (~10 min on 2 CPU cores); the result is committed as bench/results/chaos.json
 chaos: $(STAMP)
-	$(BIN)/python tests/chaos.py --kills 24 --out bench/chaos.json
+	$(BIN)/python tests/chaos.py --kills 24 --out bench/results/chaos.json
 
 # the synchronous loop vs tracerl.PipelineTrainer, time and steps to held-out 0.9 on the demo task and
 # on the demo with a slow MCP tool, 3 seeds each (~30 min), then seconds per step over 4 steps (~30 min),
 # then both with inference on core 0 and the trainer on core 1 (~35 min; the race on the slow tool only, ~15 min);
-# results in bench/pipeline.json, bench/pipeline_steps.json and their *_split_cores.json
+# results in bench/results/pipeline.json, bench/results/pipeline_steps.json and their *_split_cores.json
 bench-pipeline: $(STAMP)
 	$(BIN)/python bench/pipeline.py --seeds 0,1,2
 	$(BIN)/python bench/pipeline.py --seeds 0,1,2 --steps 4
@@ -134,17 +134,17 @@ bench-pipeline: $(STAMP)
 
 # 4 models on one tracerl serve --tinker vs 4 LocalBackends: memory, steps/hour, decode speed (~25 min)
 bench-multitenant: $(STAMP)
-	$(BIN)/python bench/multitenant.py --json bench/multitenant.json
+	$(BIN)/python bench/multitenant.py --json bench/results/multitenant.json
 
 # train–inference agreement with vLLM serving: each model family (random weights, tiny32) x {float32, bfloat16},
 # forced turns scored by vLLM, one GRPO step's mismatch_kl / mismatch_abs_max (~2 min a cell, ~25 min on 2 cores);
-# raw cells in bench/agreement_vllm.json, the vLLM column of docs/supported-models.md (tests/test_agreement_table.py)
+# raw cells in bench/results/agreement_vllm.json, the vLLM column of docs/supported-models.md (tests/test_agreement_table.py)
 agreement-vllm: install-vllm install-model-files
-	$(BIN)/python bench/agreement_vllm.py --out bench/agreement_vllm.json
+	$(BIN)/python bench/agreement_vllm.py --out bench/results/agreement_vllm.json
 
 # the gallery (examples/tictactoe.py, game_2048.py, text_to_sql.py, temporal_clue.py, summarizer.py, codenames.py, autorl.py),
 # seeds 0 and 1 each: held-out
-# curves of each task's outcome in docs/<task>_seeds.png, histories in bench/gallery/ (~12 min for Tic Tac Toe, ~50 for
+# curves of each task's outcome in docs/<task>_seeds.png, histories in bench/results/gallery/ (~12 min for Tic Tac Toe, ~50 for
 # 2048, ~5 to 15 each for the others); GAMES=tictactoe runs one
 GAMES ?= tictactoe game_2048 text_to_sql temporal_clue summarizer codenames autorl
 OUTCOME_tictactoe := val/win
@@ -162,19 +162,20 @@ TITLE_summarizer := Summarizer: held-out summaries that pass
 TITLE_codenames := Codenames (guesser): held-out rounds with both clue words found
 TITLE_autorl := AutoRL with a 135M RULER judge: held-out replies exactly in capitals
 gallery: install-vllm install-jemalloc
-	mkdir -p bench/gallery
+	mkdir -p bench/results/gallery
 	for game in $(GAMES); do name=$$(echo $$game | tr -d _); for seed in 0 1; do \
 		$(BIN)/python examples/$$game.py --seed $$seed --data .tracerl/gallery || exit 1; \
-		cp .tracerl/gallery/$$name/models/$$name-s$$seed/history.jsonl bench/gallery/$$name-s$${seed}_history.jsonl; done; done
+		cp .tracerl/gallery/$$name/models/$$name-s$$seed/history.jsonl bench/results/gallery/$$name-s$${seed}_history.jsonl; done; done
 	$(foreach game,$(GAMES),$(BIN)/python examples/plot_seeds.py --metric $(OUTCOME_$(game)) --out docs/$(game)_seeds.png \
-		--title "$(TITLE_$(game)), 2 seeds" bench/gallery/$(subst _,,$(game))-s0_history.jsonl \
-		bench/gallery/$(subst _,,$(game))-s1_history.jsonl &&) true
+		--title "$(TITLE_$(game)), 2 seeds" bench/results/gallery/$(subst _,,$(game))-s0_history.jsonl \
+		bench/results/gallery/$(subst _,,$(game))-s1_history.jsonl &&) true
 
 # the same for the pipelined loop (tracerl.PipelineTrainer, rollouts beside the step): 12 kills (~4 min)
 chaos-pipelined: $(STAMP)
-	$(BIN)/python tests/chaos.py --pipelined --kills 12 --out bench/chaos_pipelined.json
+	$(BIN)/python tests/chaos.py --pipelined --kills 12 --out bench/results/chaos_pipelined.json
 
-# every benchmark script, each after a ceiling probe in the same invocation; raw output in bench/raw/
+# every benchmark script, each after a ceiling probe in the same invocation; raw output in bench/raw/ (git-ignored;
+# copy a run into bench/results/ to make it current)
 # (long: well over an hour on 2 cores; run it on an otherwise idle machine)
 # valgrind counts capture's instructions (bench/capture_instructions.py); best effort, as jemalloc
 install-valgrind:

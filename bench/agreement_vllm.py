@@ -16,7 +16,7 @@ a cell that fails (vLLM cannot load the architecture or dtype on CPU, ...) keeps
     .venv/bin/python bench/agreement_vllm.py --families qwen3 --dtypes float32
     .venv/bin/python bench/agreement_vllm.py --table-only         # reprint the table of --out
 
-Results (merged by cell into ``--out``, default ``bench/agreement_vllm.json``) are written after
+Results (merged by cell into ``--out``, default ``bench/results/agreement_vllm.json``) are written after
 every cell; ``tests/test_agreement_table.py`` checks the docs' vLLM column against them
 (:func:`format_cell`).  ~1–3 min a cell on 2 CPU cores (vLLM starts once per cell).
 """
@@ -49,7 +49,7 @@ SHARP = {"initializer_range": 0.2}
 SHAPE = "tiny32"
 LEARNING_RATE = 1e-2
 CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
-DEFAULT_OUT = ROOT / "bench" / "agreement_vllm.json"
+DEFAULT_OUT = ROOT / "bench" / "results" / "agreement_vllm.json"
 
 
 def format_cell(cell: dict[str, Any]) -> str:

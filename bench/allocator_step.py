@@ -15,7 +15,7 @@ step (weights touched): the step's own memory.  % of ceiling: 4·P·(forward tok
 adapter-only backward does not compute weight gradients of the base; the recompute is not
 counted) over the step time, against ``bench/ceiling.py`` measured in this invocation.
 
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/allocator_step.py [--rounds 2] [--json bench/allocator_step.json]
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/allocator_step.py [--rounds 2] [--json bench/results/allocator_step.json]
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="rounds; each runs every side once, order rotated")
     p.add_argument("--steps", type=int, default=3, help="timed steps per process")
     p.add_argument("--sides", default=",".join(SIDES))
-    p.add_argument("--json", default="bench/allocator_step.json")
+    p.add_argument("--json", default="bench/results/allocator_step.json")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

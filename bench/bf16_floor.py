@@ -6,7 +6,7 @@ trainer computes it), for each attention implementation: the mean k3 estimate of
 forward) over the sampled tokens and the largest |Δ logprob|.  Whatever tracerl's trainer and
 servers do, their bf16 agreement cannot beat this (docs/supported-models.md, the bf16 limit).
 
-    .venv/bin/python bench/bf16_floor.py --json bench/bf16_floor.json
+    .venv/bin/python bench/bf16_floor.py --json bench/results/bf16_floor.json
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ reports ``percent_of_matmul(gflops, ceiling)``.
 - **copy**: ``dst.copy_(src)`` of a 256 MiB fp32 tensor, best of 3; read + write counted
   (2 × 256 MiB per copy), the figure ``STREAM copy`` reports.
 
-    .venv/bin/python bench/ceiling.py [--json bench/ceiling.json]
+    .venv/bin/python bench/ceiling.py [--json PATH]
 """
 
 from __future__ import annotations

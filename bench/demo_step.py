@@ -35,7 +35,7 @@ the peak of the summed PSS of the demo's process tree (vLLM's processes included
 page split between the processes mapping it) over the whole side, sampled every 0.2 s.
 
     flock /tmp/tracerl-heavy.lock .venv/bin/python bench/demo_step.py [--order filed,new] [--steps 4]
-    .venv/bin/python bench/demo_step.py --table-only bench/demo_step.json
+    .venv/bin/python bench/demo_step.py --table-only bench/results/demo_step.json
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--order", default="filed,new", help=f"sides, comma-separated, run in this order (known: {', '.join(SIDES)})")
     parser.add_argument("--side-timeout-s", type=float, default=1200.0, help="give up on a side after this long")
-    parser.add_argument("--json", default=str(BENCH / "demo_step.json"), help="raw results (every step of every side)")
+    parser.add_argument("--json", default=str(BENCH / "results" / "demo_step.json"), help="raw results (every step of every side)")
     parser.add_argument("--table-only", metavar="JSON", help="reprint the table from a stored result and exit")
     args = parser.parse_args()
     if args.table_only:

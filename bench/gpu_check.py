@@ -385,7 +385,7 @@ def main() -> None:
     p.add_argument("--decode-prompt-tokens", type=int, default=None)
     p.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget for all shapes")
     p.add_argument("--in-process", action="store_true", help="run the shapes in this process (default with --tiny)")
-    p.add_argument("--json", default="bench/gpu_check.json", help="where the raw results go")
+    p.add_argument("--json", default="bench/results/gpu_check.json", help="where the raw results go")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     defaults = dict(groups=2, group_size=4, prompt_tokens=16, completion_tokens=8, steps=2, decode_tokens=4,

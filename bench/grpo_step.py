@@ -48,8 +48,8 @@ term, the checkpoint recompute and LoRA's own matmuls are not counted.  "Compute
 the positions the model runs (padding included); "logical tokens" are the batch's
 ``sequences x (prompt + completion)``.
 
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/grpo_step.py --sequences 16 --prompt-tokens 300 --completion-tokens 40 --steps 5 --warmup 1 --json bench/grpo_step.json
-    .venv/bin/python bench/grpo_step.py --table-only bench/grpo_step.json
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/grpo_step.py --sequences 16 --prompt-tokens 300 --completion-tokens 40 --steps 5 --warmup 1 --json bench/results/grpo_step.json
+    .venv/bin/python bench/grpo_step.py --table-only bench/results/grpo_step.json
 """
 
 from __future__ import annotations

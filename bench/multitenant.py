@@ -21,8 +21,8 @@ served; of it, ``backend.train``'s), steps per hour (3600 / the median step), an
 to each model's newest weights through its OpenAI endpoint, median tokens/s; % of the matmul
 ceiling at 2·P FLOPs per token (``bench/ceiling.py``, measured before each worker).
 
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/multitenant.py --json bench/multitenant.json   (make bench-multitenant)
-    .venv/bin/python bench/multitenant.py --table-only --json bench/multitenant.json
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/multitenant.py --json bench/results/multitenant.json   (make bench-multitenant)
+    .venv/bin/python bench/multitenant.py --table-only --json bench/results/multitenant.json
 """
 
 from __future__ import annotations

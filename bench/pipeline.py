@@ -22,7 +22,7 @@ once) while it runs.
 A second measurement, ``--steps N``, runs each loop for exactly N steps with no eval and
 reports seconds per step: the throughput each loop sustains once the first step is behind it,
 which the race to a target reached at step 1 or 2 cannot show.  Its results go to
-``bench/pipeline_steps.json``.
+``bench/results/pipeline_steps.json``.
 
 ``--split-cores`` stands in for a trainer on a device of its own: inference (vLLM, its engine
 and the MCP server) runs on core 0 and the loop with its trainer on core 1, in both loops
@@ -331,7 +331,7 @@ def main() -> None:
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--steps", type=int, default=0, help="run exactly this many steps with no eval and report seconds per step (0: the race to --target)")
     p.add_argument("--split-cores", action="store_true", help="inference on core 0, the loop and its trainer on core 1 (a trainer on its own device)")
-    p.add_argument("--results", type=Path, default=None, help="default: bench/pipeline.json, or bench/pipeline_steps.json with --steps; *_split_cores.json with --split-cores")
+    p.add_argument("--results", type=Path, default=None, help="default: bench/results/pipeline.json, or bench/results/pipeline_steps.json with --steps; *_split_cores.json with --split-cores")
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--worker", choices=LOOPS)
     p.add_argument("--task", choices=TASKS)
@@ -341,7 +341,7 @@ def main() -> None:
         print("RESULT " + json.dumps(asyncio.run(run_one(args.worker, args.task, args.seed, args))), flush=True)
         return
     if args.results is None:
-        args.results = ROOT / "bench" / f"{'pipeline_steps' if args.steps else 'pipeline'}{'_split_cores' if args.split_cores else ''}.json"
+        args.results = ROOT / "bench" / "results" / f"{'pipeline_steps' if args.steps else 'pipeline'}{'_split_cores' if args.split_cores else ''}.json"
     runs: list[dict[str, Any]] = json.loads(args.results.read_text()) if args.results.exists() else []
     if not args.table_only:
         runs = [r for r in runs if not (r["task"] in args.tasks.split(",") and str(r["seed"]) in args.seeds.split(","))]

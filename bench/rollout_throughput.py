@@ -36,8 +36,8 @@ tokens (both turns) / wall; % of ceiling = 2 x P x tokens/s over the best fp32 m
 prompt prefill is left out, P = 134.5M).  Peak RSS: the largest summed RSS of the candidate's
 whole process tree (vLLM's API server, engine core, workers), sampled every 0.2 s.
 
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/rollout_throughput.py [--repeats 3] [--json bench/rollout_throughput.json]
-    .venv/bin/python bench/rollout_throughput.py --table-only bench/rollout_throughput.json
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/rollout_throughput.py [--repeats 3] [--json bench/results/rollout_throughput.json]
+    .venv/bin/python bench/rollout_throughput.py --table-only bench/results/rollout_throughput.json
 """
 
 from __future__ import annotations

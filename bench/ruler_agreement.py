@@ -15,7 +15,7 @@ group with different checked rewards that the judge orders the same way; judge t
 half; chance = 0.5).  An honest number, whatever it is: it says whether such a judge can
 stand in for a reward on this task.
 
-    python bench/ruler_agreement.py --groups 60 --group-size 4 --out bench/ruler_agreement.json
+    python bench/ruler_agreement.py --groups 60 --group-size 4 --out bench/results/ruler_agreement.json
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--variants", type=lambda text: text.split(","), default=["schema", "text"], help="schema,text")
     parser.add_argument("--debug", action="store_true", help="print each judge prompt and raw answer to stderr")
     parser.add_argument("--rescore", type=Path, help="recompute the summaries of a saved result file, write it back, print the table")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "ruler_agreement.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ruler_agreement.json")
     return parser.parse_args()
 
 

@@ -1,11 +1,13 @@
-"""``make bench``: run every benchmark script and keep its raw output next to ``RESULTS.md``.
+"""``make bench``: run every benchmark script and keep its raw output in ``bench/raw/``.
 
 Each script runs in its own process with the command written in ``BENCHMARKS`` (the one its
 ``RESULTS.md`` section quotes); the machine's ceiling (:mod:`ceiling`) is measured in the same
 invocation right before it, so every figure can be read as a share of what the machine could
 do at that moment.  For each script ``bench/raw/<name>.json`` records the command, the
 ceiling, the return code, the wall time and the full stdout/stderr; scripts that write their
-own JSON are pointed into ``bench/raw/`` too.  Run it under ``flock /tmp/tracerl-heavy.lock``
+own JSON are pointed into ``bench/raw/`` too.  ``bench/raw/`` is git-ignored scratch: a run
+becomes the current result when its JSON is copied over the file in ``bench/results/`` that
+``RESULTS.md`` names.  Run it under ``flock /tmp/tracerl-heavy.lock``
 (the Makefile does): the whole set takes well over an hour on 2 cores.
 
     .venv/bin/python bench/run_all.py [--only grpo_step,serving_speed] [--list]

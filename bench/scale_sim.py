@@ -20,7 +20,7 @@ Two workloads (``--workloads``):
   asks for ``--tokens`` tokens, so a whole wave of answers finishes in one engine tick and the
   client and the router meet it as one burst;
 - ``measured``: each call's completion length is drawn (seeded) from a real agent's measured
-  lengths (``bench/completion_lengths.json``: every sampled turn of the mcp-server-time agent's
+  lengths (``bench/results/completion_lengths.json``: every sampled turn of the mcp-server-time agent's
   training run, SmolLM2-135M, max_tokens 64), and each rollout starts after a uniform delay in
   ``[0, --start-spread-s]`` (its environment set-up: an MCP session, a sandbox); the delay is not
   counted in the rollout's wall time.
@@ -200,7 +200,7 @@ def python_cmd(target: str, argv: list[str], profile: Path | None) -> list[str]:
 def make_plan(workload: str, args: argparse.Namespace, seed: int):
     """A rollout's start delay and its calls' completion lengths (drawn before it runs: seeded)."""
     rng = random.Random(seed)
-    measured = json.loads((HERE / "completion_lengths.json").read_text())["completion_tokens"]
+    measured = json.loads((HERE / "results" / "completion_lengths.json").read_text())["completion_tokens"]
 
     def plan() -> tuple[float, list[int]]:
         if workload == "synchronised":
@@ -435,7 +435,7 @@ def main() -> None:
     p.add_argument("--profile", default=None, help="write cProfile stats of every process (driver, router, replicas) "
                    "to this folder and add a per-component summary to the JSON")
     p.add_argument("--drive-child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--json", default=str(HERE / "scale_sim.json"))
+    p.add_argument("--json", default=str(HERE / "results" / "scale_sim.json"))
     args = p.parse_args()
     if args.drive_child:
         asyncio.run(_child_main(json.loads(args.drive_child)))

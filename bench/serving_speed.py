@@ -27,7 +27,7 @@ are counted once per process, so it is an upper bound).  The ceiling (``bench/ce
 is measured before and after the rounds in the same invocation; %-of-ceiling uses
 0.27 GFLOP per token (2 × 135M parameters).
 
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/serving_speed.py [--repeats 3] [--tokens 64] [--json bench/serving_speed.json]
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/serving_speed.py [--repeats 3] [--tokens 64] [--json bench/results/serving_speed.json]
 """
 
 from __future__ import annotations

@@ -511,7 +511,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--val-tasks", type=int, default=12)
     p.add_argument("--eval-every", type=int, default=1)
-    p.add_argument("--results", default=str(BENCH / "time_to_reward.json"), help="each finished run is stored here at once")
+    p.add_argument("--results", default=str(BENCH / "results" / "time_to_reward.json"), help="each finished run is stored here at once")
     p.add_argument("--table-only", action="store_true", help="print the table from --results (for --target if given) and exit")
     p.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     args = p.parse_args()

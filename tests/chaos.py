@@ -1,7 +1,7 @@
 """Chaos: SIGKILL a real training loop at random instants, rerun it, check that nothing was lost.
 
-    python tests/chaos.py --kills 24 --out bench/chaos.json          (``make chaos``)
-    python tests/chaos.py --pipelined --kills 12 --out bench/chaos_pipelined.json
+    python tests/chaos.py --kills 24 --out bench/results/chaos.json          (``make chaos``)
+    python tests/chaos.py --pipelined --kills 12 --out bench/results/chaos_pipelined.json
 
 The child is :mod:`chaos_loop` (SmolLM2-135M, the transformers server, real generation,
 ``backend.train``, save, hot-load, ``model.log`` for train and val).  Kills mix two kinds:

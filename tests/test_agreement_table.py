@@ -1,7 +1,7 @@
 """The vLLM column of docs/supported-models.md's train–inference agreement table is the measured one.
 
 ``bench/agreement_vllm.py`` (``make agreement-vllm``) measures each family × dtype with vLLM
-serving and writes its cells to ``bench/agreement_vllm.json``; the docs table's vLLM cells must be
+serving and writes its cells to ``bench/results/agreement_vllm.json``; the docs table's vLLM cells must be
 those cells as :func:`format_cell` writes them (``KL 3.1e-05 / max 0.034``, 2 significant
 digits, or ``error`` for a cell that failed).  Reads files only: nothing is served or trained.
 """
@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "agreement_vllm.json"
+RESULTS = ROOT / "bench" / "results" / "agreement_vllm.json"
 DOCS = ROOT / "docs" / "supported-models.md"
 HEADING = re.compile(r"^##\s+Train[–-]inference agreement\s*$", re.IGNORECASE)
 
@@ -64,7 +64,7 @@ def docs_vllm_column(text: str) -> dict[tuple[str, str], str]:
 def test_docs_vllm_cells_are_the_measured_ones():
     format_cell = _format_cell()
     cells = json.loads(RESULTS.read_text())["cells"]
-    assert cells, "bench/agreement_vllm.json has no cells: run make agreement-vllm"
+    assert cells, "bench/results/agreement_vllm.json has no cells: run make agreement-vllm"
     measured = {(cell["family"], cell["dtype"]): format_cell(cell) for cell in cells}
     documented = docs_vllm_column(DOCS.read_text())
     missing = sorted(set(measured) - set(documented))
@@ -72,7 +72,7 @@ def test_docs_vllm_cells_are_the_measured_ones():
     wrong = {key: (documented[key], measured[key]) for key in measured if documented[key] != measured[key]}
     assert not wrong, f"docs vLLM cells (documented, measured) that differ: {wrong}"
     unmeasured = {key: value for key, value in documented.items() if key not in measured and value not in ("", "—", "–", "-")}
-    assert not unmeasured, f"docs vLLM cells with no measurement in bench/agreement_vllm.json: {unmeasured}"
+    assert not unmeasured, f"docs vLLM cells with no measurement in bench/results/agreement_vllm.json: {unmeasured}"
 
 
 def test_cells_are_formatted_with_two_significant_digits():

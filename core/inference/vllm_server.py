@@ -325,9 +325,9 @@ class VLLMServer:
         Why: vLLM's default multiprocess executor starts a third process (API server, engine
         core, worker), each a Python with torch loaded; on CPU with tensor/data parallel 1 the
         single-process executor (``--distributed-executor-backend uni``, which vLLM allows on CPU
-        only with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) holds ~0.4 GB less for the same decode
-        speed (measured: 3.44 → 3.09 GB peak PSS of the tree, 113-123 vs 114-133 tok/s at 16
-        concurrent, weight reload unchanged).  ``extra_args`` naming an executor keep theirs."""
+        only with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) holds less memory for the same decode
+        speed and weight reload (measured in ``docs/benchmarks.md``).  ``extra_args`` naming an
+        executor keep theirs."""
         return (
             not has_gpu()
             and self.tensor_parallel_size == 1

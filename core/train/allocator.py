@@ -1,25 +1,17 @@
 """The C allocator under the trainer: jemalloc when it can be had, and freed memory released between steps.
 
-Why: a training step allocates and frees thousands of activation-sized tensors (1-10 MB each on
-SmolLM2-135M); PyTorch's CPU tensors come straight from ``malloc``.  glibc's malloc keeps that
-freed memory and fragments it: a gradient-checkpointed 1,250-token step that holds ~0.3-0.5 GB
-beyond the weights peaks ~1.5 GB above them.  Measured side by side (``bench/allocator_step.py``,
-the demo's step shape, 2 rounds x 3 steps per allocator, ``bench/RESULTS.md``):
+Why: a training step allocates and frees thousands of activation-sized tensors; PyTorch's CPU
+tensors come straight from ``malloc``.  glibc's malloc keeps that freed memory and fragments
+it, so a step's peak sits far above what the step holds.  jemalloc keeps the peak close to it,
+and with its decay off while a step runs it is also the fastest of the allocators tried: pages
+are reused, never re-faulted (``bench/allocator_step.py`` measures each allocator on the demo's
+step; the figures are in ``bench/RESULTS.md``).
 
-============================================  ======================  ========================
-allocator                                      step peak above weights  step time (median, min)
-============================================  ======================  ========================
-glibc (default)                                  +1,504 MB               8.8 s (6.2)
-glibc, ``M_MMAP_THRESHOLD`` 1 MB                 +438 MB                 10.1 s (9.6)
-jemalloc, its default decay (10 s)               +317 MB                 8.3 s (7.8)
-jemalloc, decay off during the step (tracerl)    +459 MB                 6.4 s (6.3)
-============================================  ======================  ========================
-
-So tracerl prefers jemalloc with decay off while a step runs (pages are reused, never
-re-faulted) and purges it between steps (:func:`release_freed_memory`), so the memory is back
-for the rollouts.  jemalloc must be loaded before the process starts (``LD_PRELOAD``), which a
-library cannot do for a running interpreter: scripts opt in with :func:`relaunch_with_jemalloc`
-as their first statement (``examples/demo.py`` does), or run under
+So tracerl prefers jemalloc with decay off while a step runs and purges it between steps
+(:func:`release_freed_memory`), so the memory is back for the rollouts.  jemalloc must be
+loaded before the process starts (``LD_PRELOAD``), which a library cannot do for a running
+interpreter: scripts opt in with :func:`relaunch_with_jemalloc` as their first statement
+(``examples/demo.py`` does), or run under
 ``LD_PRELOAD=$(python -m tracerl.train.allocator)``.  Where jemalloc is absent nothing changes except
 that glibc's free memory is trimmed after each step (``malloc_trim``).
 

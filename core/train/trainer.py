@@ -99,11 +99,10 @@ class LoRATrainer:
 
         ``gradient_checkpointing=True`` keeps only each decoder layer's input for backward and
         recomputes the rest; an int ``n`` checkpoints every n-th layer only (the others keep their
-        activations), trading memory for less recompute.  Measured on this CPU, SmolLM2-135M (30
-        layers), a 1,510-token demo step on jemalloc (``bench/allocator_step.py``'s shape): off
-        3.3 GB peak RSS, 6.0 s; every layer 1.5 GB, 7.6 s; every 2nd 2.4 GB, 6.9 s; every 3rd
-        2.7 GB, 6.7 s.  Without transformers' ``activation_checkpointing_enable`` (< 5.x) an
-        ``n > 1`` checkpoints every layer.
+        activations), trading memory for less recompute: the larger ``n``, the higher the peak
+        and the shorter the step (measured per stride in ``docs/benchmarks.md``).  Without
+        transformers' ``activation_checkpointing_enable`` (< 5.x) an ``n > 1`` checkpoints every
+        layer.
 
         On CUDA the GPU's free memory is checked first (:class:`~tracerl.errors.InsufficientMemoryError`
         explains a GPU that something else already fills)."""
