@@ -14,7 +14,7 @@ SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 PIP_VERSION := 26.3
 LOCKED := pip install -q --no-deps --require-hashes -r
 
-.PHONY: install install-dev install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-skypilot install-verifiers lock demo demo-bf16 demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm clean
+.PHONY: demo-vllm install install-dev install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-skypilot install-verifiers lock demo demo-bf16 demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm clean
 
 $(STAMP): pyproject.toml Makefile locks/main.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -101,8 +101,15 @@ $(TS_DIR)/node_modules/.package-lock.json: $(TS_DIR)/package.json $(TS_DIR)/pack
 
 install-ts: $(TS_DIR)/node_modules/.package-lock.json
 
-demo: install-vllm install-jemalloc
+# the calculator demo (examples/demo.py): served by vLLM when its runtime is installed (`make install-vllm`, which
+# `make test` and `make demo-vllm` run), else by the transformers server, so a fresh machine need not install vLLM
+# first; it stops at the held-out evaluation that reaches 1.0 (--go-on trains all --steps)
+demo: install install-jemalloc
 	$(BIN)/python examples/demo.py
+
+# the demo served by vLLM: the merged policy, reloaded in place after each step (installs vLLM's runtime first)
+demo-vllm: install-vllm install-jemalloc
+	$(BIN)/python examples/demo.py --inference vllm
 
 # the demo in bf16: the trainer's base weights and vLLM serving the LoRA in bf16 (LoRA, Adam state and logprob
 # math stay fp32; a merged bf16 policy would round the update away, so the LoRA is served); its own run directory

@@ -8,9 +8,10 @@ the right sum (see :func:`score_call`).
 
 The loop is the ART-style one: register the model with a ``LocalBackend`` (vLLM when it is
 installed, serving the merged policy that it reloads after each step; else the transformers
-server with the LoRA), gather groups of rollouts, ``backend.train``, ``model.log``.  Held-out tasks are evaluated greedily every few steps; at the end a reward
-curve (train and held-out) is saved as a PNG.  Killing the run and starting it again
-resumes from the newest complete checkpoint and ends with the same number of steps.
+server with the LoRA), gather groups of rollouts, ``backend.train``, ``model.log``.  Held-out tasks are evaluated greedily every two steps; at the end a reward
+curve (train and held-out) is saved as a PNG.  The run stops at the held-out evaluation that
+reaches ``--target`` (1.0: every held-out task solved) unless ``--go-on``.  Killing the run and
+starting it again resumes from the newest complete checkpoint and ends with the same number of steps.
 
     python examples/demo.py --steps 20 --inference auto --seed 0
 """
@@ -294,6 +295,7 @@ async def train_step(
 
 
 async def main(args: argparse.Namespace) -> None:
+    launched = time.monotonic()
     train_tasks = make_tasks(args.seed, 400)
     val_tasks = make_tasks(10_000 + args.seed, args.val_tasks)
     model = make_model(args)
@@ -307,8 +309,12 @@ async def main(args: argparse.Namespace) -> None:
         step = await model.get_step()
         if not already_logged(model, "val", step):
             await model.log(await evaluate(model, val_tasks), split="val", step=step)
+        history = [row["val/reward"] for row in model.history() if "val/reward" in row]
+        start_reward = history[0]
+        if history[-1] >= args.target and not args.go_on:
+            print(f"held-out reward {history[-1]:.3f} already reached the target {args.target:.3f} (--go-on trains on)")
         for batch in tracerl.iterate_dataset(train_tasks, groups_per_step=args.groups_per_step, num_epochs=100, initial_step=step, use_tqdm=False):
-            if batch.step >= args.steps:
+            if batch.step >= args.steps or (history[-1] >= args.target and not args.go_on):
                 break
             if time.monotonic() - started > args.max_minutes * 60:
                 print(f"time budget of {args.max_minutes} min reached at step {batch.step}")
@@ -325,7 +331,13 @@ async def main(args: argparse.Namespace) -> None:
             if result.step % args.eval_every == 0 or result.step == args.steps:
                 val = await evaluate(model, val_tasks)
                 row = await model.log(val, split="val", step=result.step)
-                print(f"held-out reward at step {result.step}: {row['val/reward']:.3f}", flush=True)
+                rose = history[-1] <= start_reward < row["val/reward"]
+                history.append(row["val/reward"])
+                print(f"held-out reward at step {result.step}: {row['val/reward']:.3f}"
+                      + (f"  (up from {start_reward:.3f}, {(time.monotonic() - launched) / 60:.1f} min after the run began)" if rose else ""),
+                      flush=True)  # fmt: skip
+                if row["val/reward"] >= args.target and not args.go_on:
+                    print(f"the held-out target {args.target:.3f} is reached: stopping at step {result.step} of {args.steps} (--go-on trains on)")
         final = await model.get_step()
         if not already_logged(model, "val", final):
             await model.log(await evaluate(model, val_tasks), split="val", step=final)
@@ -379,7 +391,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rollouts", type=int, default=8, help="rollouts per group")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--val-tasks", type=int, default=16)
-    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--eval-every", type=int, default=2, help="held-out evaluation every n steps (greedy, --val-tasks tasks)")
+    p.add_argument("--target", type=float, default=1.0, help="stop at the held-out evaluation that reaches this reward")
+    p.add_argument("--go-on", action="store_true", help="train all --steps even after the held-out target is reached")
     p.add_argument("--max-minutes", type=float, default=18.0)
     p.add_argument("--data", default=".tracerl")
     p.add_argument("--plot", default=None, help="reward curve PNG (default: reward_curve.png in the run directory)")

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Litera
 from ..base_models import resolve_base_model, with_chat_template
 from ..errors import CheckpointError, ConfigError, MismatchError, NonFiniteError, TrajectoryError
 from ..gather import GatheredGroups
-from ..inference.devices import DTYPES
-from ..inference.vllm_server import has_gpu
+from ..inference.devices import DTYPES, default_device
+from ..inference.vllm_server import VLLMServer, has_gpu
 from ..model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
 from ..runs.run_lock import RunLock
 from ..runs.storage import TRAIN_SPLIT, RunDir, atomic_dir
@@ -59,6 +59,15 @@ class _Registered:
     merged_dir: Path | None = None
     """``serve_merged``: where the merged policy of the served step is written for vLLM to reload."""
     served: ServedPolicies = field(default_factory=ServedPolicies)
+
+
+def _import_training_stack() -> None:
+    """Import what the trainer's load imports, before it runs in a thread beside the server's start:
+    transformers' lazily imported package, imported by two threads at once, can hand one of them a
+    half-initialised module (``ImportError: cannot import name 'AutoModel'``)."""
+    import peft  # noqa: F401  (it imports transformers' model classes)
+
+    from . import trainer  # noqa: F401
 
 
 class LocalBackend:
@@ -162,45 +171,65 @@ class LocalBackend:
         state = _Registered(model=model, run_dir=run_dir, model_path=model_path, lock=lock)
         self._models[model.name] = state
         _write_model_json(run_dir, model, model_path)
-        if run_dir.latest_step() is None:
-            trainer = await asyncio.to_thread(self._trainer, state)
-            with atomic_dir(run_dir.checkpoint_path(0)) as tmp:
-                await asyncio.to_thread(trainer.save, tmp, step=0, with_optimizer=False)
+        # vLLM (its own process) starts while the trainer loads on a CPU: its start is the longest wait of a
+        # new run.  Not on a GPU, where the two would race for its memory, and not the transformers server,
+        # whose load in this process would race the trainer's (transformers' loading is not thread-safe).
+        server = self._make_server(state) if self.inference is not None else None
+        launch = None
+        if isinstance(server, VLLMServer) and (self.device or default_device()) == "cpu":
+            await asyncio.to_thread(_import_training_stack)
+            launch = asyncio.create_task(self._start(state, server))
+        try:
+            if run_dir.latest_step() is None:
+                trainer = await asyncio.to_thread(self._trainer, state)
+                with atomic_dir(run_dir.checkpoint_path(0)) as tmp:
+                    await asyncio.to_thread(trainer.save, tmp, step=0, with_optimizer=False)
+        except BaseException:
+            if launch is not None:  # register stops whatever part of the server started
+                launch.cancel()
+                await asyncio.gather(launch, return_exceptions=True)
+            raise
         step = run_dir.latest_step() or 0
         model._step_cache = step
-        if self.inference is not None:
-            server = await self._start_server(state, step)
+        if server is not None:
+            await (launch or self._start(state, server))
+            await self._serve_step(state, step)
             model.inference_base_url = server.base_url
             model.inference_api_key = getattr(server, "api_key", None) or "tracerl"  # the server's per-process key
         model.inference_model_name = model.get_inference_name(step)
 
-    async def _start_server(self, state: _Registered, step: int) -> "InferenceServer":
-        """Start serving checkpoint ``step``: as a LoRA, or (``serve_merged``) as the merged policy."""
+    def _make_server(self, state: _Registered) -> "InferenceServer":
+        """The inference server for the base model, not started (vLLM without LoRA when it serves the merged policy)."""
         from ..inference.base import make_server
 
-        name = state.model.get_inference_name(step)
         if not self.serve_merged:
-            server = make_server(self.inference or "auto", state.model_path, served_name=state.model.name, **self._server_options(state))
-            state.server = server  # before start(): a start that fails half-way is stopped by register
-            await server.start()
-            await server.load_adapter(name, str(state.run_dir.checkpoint_path(step)))
-            state.served.serve(step)
-            return server
+            return make_server(self.inference or "auto", state.model_path, served_name=state.model.name, **self._server_options(state))
         from ..inference.vllm_server import vllm_python
 
         if vllm_python() is None:
             raise ConfigError("serve_merged=True needs the vLLM runtime (python -m tracerl.inference.vllm_server install)")
         options = {**self._server_options(state), "enable_lora": False}
-        server = make_server("vllm", state.model_path, served_name=state.model.name, **options)
+        return make_server("vllm", state.model_path, served_name=state.model.name, **options)
+
+    @staticmethod
+    async def _start(state: _Registered, server: "InferenceServer") -> None:
         state.server = server  # before start(): a start that fails half-way is stopped by register
         await server.start()
-        state.merged_dir = Path(tempfile.mkdtemp(prefix="tracerl-merged-"))
-        if step > 0:  # checkpoint 0 is a fresh LoRA (B = 0): the base weights already are that policy
-            await self._reload_merged(state, step, await asyncio.to_thread(self._trainer, state), name)
-        server.aliases.add(name)  # type: ignore[attr-defined]
-        server.gate.policy = name  # type: ignore[attr-defined]
+
+    async def _serve_step(self, state: _Registered, step: int) -> None:
+        """Have the started server serve checkpoint ``step``: its LoRA, or (``serve_merged``) the merged policy."""
+        server = state.server
+        assert server is not None
+        name = state.model.get_inference_name(step)
+        if not self.serve_merged:
+            await server.load_adapter(name, str(state.run_dir.checkpoint_path(step)))
+        else:
+            state.merged_dir = Path(tempfile.mkdtemp(prefix="tracerl-merged-"))
+            if step > 0:  # checkpoint 0 is a fresh LoRA (B = 0): the base weights already are that policy
+                await self._reload_merged(state, step, await asyncio.to_thread(self._trainer, state), name)
+            server.aliases.add(name)  # type: ignore[attr-defined]
+            server.gate.policy = name  # type: ignore[attr-defined]
         state.served.serve(step)
-        return server
 
     def _server_options(self, state: _Registered) -> dict[str, Any]:
         """``server_options`` plus the model's reply parsers (its own settings win)."""
