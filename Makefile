@@ -14,7 +14,7 @@ SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 PIP_VERSION := 26.3
 LOCKED := pip install -q --no-deps --require-hashes -r
 
-.PHONY: demo-vllm install install-dev install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-skypilot install-verifiers lock demo demo-bf16 demo-tinker test docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm clean
+.PHONY: demo-vllm install install-dev install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-skypilot install-verifiers lock demo demo-bf16 demo-tinker test test-long docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm clean
 
 $(STAMP): pyproject.toml Makefile locks/main.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -123,6 +123,16 @@ demo-tinker: install install-jemalloc
 
 test: $(DEV_STAMP) install-vllm install-gguf-converter install-model-files install-jemalloc install-skypilot install-verifiers install-ts
 	$(BIN)/python -m pytest -q --durations=30 tests
+
+# the full configurations of the long real-model journeys whose tiny configurations `make test` runs
+# (TRACERL_FULL=1, tests/suite_size.py): the chaos kills on SmolLM2-135M with a random one (~2 min), the LangGraph
+# example's two --tiny steps (~1.5 min), the GPU check's CPU version on all six families (~1 min)
+LONG_TESTS := tests/test_chaos_real_model.py tests/test_langgraph_learns.py tests/test_gpu_check.py
+# merged serving under 16 streams with vLLM compiled as the demo runs it (~2 min; the suite: 8 streams, vLLM eager),
+# the SFT-then-RL example with 4 few-shot attempts and 3 distillation steps (~2 min; the suite: 1 attempt, 1 step)
+LONG_TESTS += tests/test_serve_merged_real_model.py tests/test_sft_then_rl_example.py
+test-long: $(DEV_STAMP) install-vllm install-gguf-converter install-model-files install-jemalloc install-skypilot install-verifiers install-ts
+	TRACERL_FULL=1 $(BIN)/python -m pytest -q --durations=30 $(LONG_TESTS)
 
 # SIGKILL a real training loop 24 times at random instants and in its short phases, rerun it,
 # check nothing was lost (~10 min on 2 CPU cores); the result is committed as bench/results/chaos.json

@@ -69,10 +69,13 @@ def kill_spec(target: str | None, rng: random.Random) -> str:
     return f"{target}:delay:{rng.uniform(0.0, seconds):.3f}"
 
 
-def run_child(data: Path, markers: Path, steps: int, spec: str | None, pipelined: bool = False) -> tuple[int, int, float]:
+def run_child(
+    data: Path, markers: Path, steps: int, spec: str | None, pipelined: bool = False, base_model: str = "smollm2-135m"
+) -> tuple[int, int, float]:
     """Run the loop once (killed per ``spec``); returns its pid, return code and duration."""
     argv = [sys.executable, str(CHILD), "--data", str(data), "--markers", str(markers), "--steps", str(steps)]
     argv += ["--pipelined"] if pipelined else []
+    argv += ["--base-model", base_model]
     delay = None
     if spec and spec.startswith("random:"):
         delay = float(spec.split(":")[1])
@@ -141,7 +144,7 @@ def temp_files(data: Path) -> list[str]:
     return sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.name.startswith((".tmp-", ".old-")))
 
 
-def check_run(data: Path, final_step: int) -> dict[str, Any]:
+def check_run(data: Path, final_step: int, base_model: str = "smollm2-135m") -> dict[str, Any]:
     """Everything a user would look at after the run; each entry True when it holds."""
     root = run_dir(data)
     counts, bad, recovered = history_counts(data)
@@ -160,7 +163,7 @@ def check_run(data: Path, final_step: int) -> dict[str, Any]:
         "history_unreadable_lines": bad,
         "history_rows_recovered_on_resume": recovered,
         "checkpoints_present": checkpoints == list(range(final_step + 1)),
-        "checkpoints_load_with_peft": load_checkpoints(root, checkpoints),
+        "checkpoints_load_with_peft": load_checkpoints(root, checkpoints, base_model),
         "trajectories_complete": not missing and not extra,
         "trajectories_missing_or_short": missing,
         "no_trajectory_trained_twice": len(trained) == len(set(trained)),
@@ -188,7 +191,7 @@ def _lock_is_free(path: Path) -> bool:
     return True
 
 
-def load_checkpoints(root: Path, steps: list[int]) -> bool:
+def load_checkpoints(root: Path, steps: list[int], base_model: str = "smollm2-135m") -> bool:
     """Load every checkpoint's adapter with peft (and its optimizer state) and check the weights are finite."""
     import torch
     from peft import PeftModel
@@ -196,7 +199,7 @@ def load_checkpoints(root: Path, steps: list[int]) -> bool:
 
     from tracerl.base_models import resolve_base_model
 
-    base = AutoModelForCausalLM.from_pretrained(resolve_base_model("smollm2-135m"), dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(resolve_base_model(base_model), dtype=torch.float32)
     model = None
     for step in steps:
         path = root / "checkpoints" / f"{step:04d}"
@@ -221,8 +224,12 @@ def run_chaos(
     targets: list[str | None] | None = None,
     say: Callable[[str], None] = print,
     pipelined: bool = False,
+    base_model: str = "smollm2-135m",
 ) -> dict[str, Any]:
-    """Kill the loop ``kills`` times (per ``targets``, cycled), rerun to completion, check; returns the result."""
+    """Kill the loop ``kills`` times (per ``targets``, cycled), rerun to completion, check; returns the result.
+
+    ``base_model``: the child's model (``smollm2-135m``, or a model folder: the suite's tiny random Llama;
+    its run takes seconds, so a random kill, 2 to 30 s in, would mostly come after the end)."""
     rng = random.Random(seed)
     data, markers = workdir / "data", workdir / "markers.jsonl"
     data.mkdir(parents=True, exist_ok=True)
@@ -236,7 +243,7 @@ def run_chaos(
         target = plan[runs % len(plan)]
         spec = kill_spec(target, rng)
         before = committed_step(data)
-        pid, returncode, seconds = run_child(data, markers, before + 2, spec, pipelined)
+        pid, returncode, seconds = run_child(data, markers, before + 2, spec, pipelined, base_model)
         runs += 1
         if returncode != -signal.SIGKILL:
             if returncode != 0:
@@ -251,11 +258,11 @@ def run_chaos(
             raise RuntimeError(f"after kill {len(log)} ({phase}) history holds rows twice: {duplicates}")
         say(f"kill {len(log)}/{kills}: aimed at {kill.aimed_at}, landed in {phase} ({how}); step {before} -> {kill.step_after}")
     final_step = committed_step(data) + 1
-    pid, returncode, _ = run_child(data, markers, final_step, None, pipelined)
+    pid, returncode, _ = run_child(data, markers, final_step, None, pipelined, base_model)
     runs += 1
     if returncode != 0:
         raise RuntimeError(f"the final rerun failed with exit code {returncode} (see {workdir / 'child.log'})")
-    checks = check_run(data, final_step)
+    checks = check_run(data, final_step, base_model)
     return {
         "kills": len(log),
         "landed": dict(Counter(k.landed for k in log).most_common()),

@@ -1,9 +1,10 @@
 """The chaos child: a real, tiny ``LocalBackend`` training loop that :mod:`chaos` SIGKILLs and reruns.
 
-    python tests/chaos_loop.py --data DIR --markers FILE --steps N [--kill PHASE:MODE:VALUE] [--pipelined]
+    python tests/chaos_loop.py --data DIR --markers FILE --steps N [--kill PHASE:MODE:VALUE] [--pipelined] [--base-model M]
 
-SmolLM2-135M served by the transformers server: per step two groups of two rollouts (real
-generation, a few tokens), ``backend.train`` (a real GRPO step, save, hot-load),
+SmolLM2-135M (``--base-model``: another, e.g. the suite's tiny random Llama folder) served by
+the transformers server: per step two groups of two rollouts (real generation, a few tokens),
+``backend.train`` (a real GRPO step, save, hot-load),
 ``model.log(split="train")``, then a greedy val eval and ``model.log(split="val")``.  The
 loop is the README's and ``examples/demo.py``'s (resume at ``get_step``, val when not yet
 logged for the step), so a rerun after any kill must finish the run with nothing lost.
@@ -184,7 +185,7 @@ async def main(args: argparse.Namespace) -> None:
     phases = Phases(args.markers, args.kill)
     steps = {"current": 0}
     instrument(phases, steps)
-    model = tracerl.TrainableModel("chaos", "chaos", "smollm2-135m", base_path=args.data, lora_config={"r": 8, "alpha": 16})
+    model = tracerl.TrainableModel("chaos", "chaos", args.base_model, base_path=args.data, lora_config={"r": 8, "alpha": 16})
     backend = tracerl.LocalBackend(inference="transformers")
     with phases.phase("register", 0):
         await model.register(backend)
@@ -223,4 +224,5 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--kill", default=None, help="PHASE:op:N or PHASE:delay:SECONDS")
     parser.add_argument("--pipelined", action="store_true", help="the loop is tracerl.PipelineTrainer")
+    parser.add_argument("--base-model", default="smollm2-135m", help="the base model (a model folder or smollm2-135m)")
     asyncio.run(main(parser.parse_args()))

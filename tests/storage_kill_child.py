@@ -161,7 +161,10 @@ def serve() -> None:
     the answer is ``{"returncode": ..., "result": ...}`` (returncode -9: it was SIGKILLed).
     """
     global SPEC
-    import tracerl.train.local_backend  # noqa: F401 - imported here once, not in every child
+    # imported here once, not in every child: what a run imports lazily too (a train step's advantages import
+    # torch, ~1 s a child; 88 children in test_killed_at_every_file_operation_a_rerun_completes_the_run)
+    import tracerl.train.grpo  # noqa: F401
+    import tracerl.train.local_backend  # noqa: F401
 
     for line in sys.stdin:
         request = json.loads(line)

@@ -1,5 +1,10 @@
-"""``bench/gpu_check.py --device cpu --tiny`` (Llama shapes, and ``--families all``) keeps working until a GPU
-machine runs the full check."""
+"""``bench/gpu_check.py --device cpu --tiny`` (Llama shapes, and ``--families``) keeps working until a GPU
+machine runs the full check.
+
+``make test`` runs ``--families gptoss`` (the family path of the check: a family's architecture, its real
+tokenizer and chat template; gpt-oss, the one with experts and the harmony template, ~14 s); every family's
+random model also trains and serves in ``test_family_training.py``.  ``TRACERL_FULL=1`` (``make test-long``)
+runs ``--families all``, the six (~1 min)."""
 
 from __future__ import annotations
 
@@ -11,25 +16,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+from suite_size import tiny_or_full
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 FAMILIES = ["qwen3", "qwen2.5", "gemma3", "gptoss", "llama3", "mistral"]
+CHECKED = tiny_or_full(["gptoss"], FAMILIES)
+"""The families ``--families`` runs: one in the suite, the six under ``TRACERL_FULL=1``."""
 
 
 @pytest.mark.parametrize(
     "selection, expected",
     [
         (["--shapes", "tiny-llama-shape"], ["tiny-llama-shape"]),
-        (["--families", "all"], [f"{family}:tiny" for family in FAMILIES]),
+        (["--families", "all" if CHECKED == FAMILIES else ",".join(CHECKED)], [f"{family}:tiny" for family in CHECKED]),
     ],
-    ids=["llama-shape", "families-all"],
+    ids=["llama-shape", "families"],
 )
 def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path, selection, expected):
     if "--families" in selection:
         from tracerl.families.files import is_installed, last_failure
 
-        missing = [f for f in FAMILIES if not is_installed(f)]
+        missing = [f for f in CHECKED if not is_installed(f)]
         if missing:
             pytest.skip(f"family files not installed ({missing}: {last_failure(missing[0])}); run make install-model-files")
     out = tmp_path / "gpu_check.json"

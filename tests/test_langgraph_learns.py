@@ -1,8 +1,10 @@
 """``examples/langgraph_learns.py``: a multi-node LangGraph graph over SQLite, trained unchanged.
 
 Light tests run the graph against the loopback fake OpenAI server (real HTTP, scripted to
-answer as a solved policy would) under the deprecation runner; the real-model test trains the
-``--tiny`` configuration for two steps on SmolLM2-135M.
+answer as a solved policy would) under the deprecation runner; the real-model test trains on
+SmolLM2-135M: in ``make test`` one step of ``--tiny``'s batch (1 task x 2 attempts, 1 held-out
+task: held-out at step 0, a step, then the held-out graph rebuilt on the new checkpoint), under
+``TRACERL_FULL=1`` (``make test-long``) the ``--tiny`` configuration itself, two steps.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 from capture_fake_server import FakeOpenAIServer, Reply
+from suite_size import FULL
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RUNNER = Path(__file__).with_name("deprecation_runner.py")
@@ -84,19 +87,26 @@ def test_the_reward_is_verifiable_and_gives_partial_credit(tmp_path):
 
 
 @pytest.mark.real_model
-def test_the_tiny_configuration_trains_two_steps(tmp_path):
+def test_the_tiny_configuration_trains_and_serves_the_new_checkpoint(tmp_path):
+    steps = 2 if FULL else 1
+    # --tiny is 2 steps of 1 task x 2 attempts and 1 held-out task, the held-out run at the start and the end
+    size = ["--tiny"] if FULL else ["--steps", "1", "--groups-per-step", "1", "--rollouts", "2", "--val-tasks", "1", "--eval-every", "100"]
     args = [
-        sys.executable, str(EXAMPLES / "langgraph_learns.py"), "--tiny", "--inference", "transformers",
+        sys.executable, str(EXAMPLES / "langgraph_learns.py"), *size, "--inference", "transformers",
         "--data", str(tmp_path / "data"), "--plot", str(tmp_path / "curve.png"), "--seed", "3",
     ]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_dir = tmp_path / "data" / "langgraph_learns" / "models" / "langgraph-company-s3"
     rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "train/reward" in r] == [1, 2]
-    assert sorted(r["step"] for r in rows if "val/reward" in r) == [0, 2]
+    assert [r["step"] for r in rows if "train/reward" in r] == list(range(1, steps + 1))
+    assert sorted(r["step"] for r in rows if "val/reward" in r) == [0, steps]
+    # the last held-out run went through a graph on the new checkpoint: every captured call names it
+    last_val = [json.loads(line) for line in (run_dir / "trajectories" / "val" / f"{steps:04d}.jsonl").read_text().splitlines()]
+    served = {m["model"] for t in last_val for m in t["messages_and_choices"] if "token_ids" in m}
+    assert served == {f"langgraph-company-s3@{steps}"}, served
     assert (tmp_path / "curve.png").stat().st_size > 1000
-    trajectory = json.loads((run_dir / "trajectories" / "train" / "0002.jsonl").read_text().splitlines()[0])
+    trajectory = json.loads((run_dir / "trajectories" / "train" / f"{steps:04d}.jsonl").read_text().splitlines()[0])
     sampled = [m for m in trajectory["messages_and_choices"] if "token_ids" in m]
     assert sampled and all(m["token_ids"] and len(m["logprobs"]) == len(m["token_ids"]) for m in sampled)
     assert trajectory["messages_and_choices"][0]["role"] == "system" and "find_employee" in json.dumps(trajectory["tools"])

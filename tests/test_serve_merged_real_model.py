@@ -6,6 +6,10 @@ logprobs it reported equal the trainer's logprobs of the same token ids (and are
 base model's), and the next step's ``sampler_trainer_prob_corr`` is 1.  Skipped without the
 vLLM runtime.  Run heavy:
 ``flock /tmp/tracerl-heavy.lock .venv/bin/python -m pytest -q tests/test_serve_merged_real_model.py``.
+
+``make test`` runs the tiny configuration (:data:`CONFIG`): 8 streams across the swap, vLLM eager;
+``TRACERL_FULL=1`` (``make test-long``) the full one: 16 streams, vLLM as the demo runs it (torch.compile
+on, which merged serving turns on: no LoRA), so the reload is also shown to reach the compiled model.
 """
 
 from __future__ import annotations
@@ -21,9 +25,16 @@ import tracerl
 from tracerl.train.packing import pack_sequences
 from tracerl.train.tokenization import tokenize_trajectory
 
+from suite_size import tiny_or_full
+
 pytestmark = pytest.mark.real_model
 
 QUESTION = [{"role": "user", "content": "Name a colour and say why you like it."}]
+CONFIG = tiny_or_full(
+    {"workers": 8, "rounds_after": 1, "stream_tokens": 16, "vllm_args": ["--enforce-eager"]},
+    {"workers": 16, "rounds_after": 2, "stream_tokens": 24, "vllm_args": []},
+)
+"""Concurrent streams across the swap, rounds each streams after it, tokens a stream, vLLM's extra flags."""
 
 
 def _vllm_missing() -> str | None:
@@ -44,15 +55,16 @@ async def _sample_group(client: AsyncOpenAI, name: str) -> tracerl.TrajectoryGro
 
 
 def _served_and_trainer_logprobs(trainer, tokenizer, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per token: the sampler's logprob, the trainer's (adapter on) and the base model's (adapter off)."""
+    """Per token: the sampler's logprob, the trainer's (adapter on) and the base model's (adapter off).
+
+    Every trajectory of ``group`` packed into as few micro-batches as the trainer's own packing makes."""
+    sequences = [s for i, t in enumerate(group.trajectories) for s in tokenize_trajectory(t, tokenizer, trajectory_index=i)]
     served, policy, base = [], [], []
-    for i, trajectory in enumerate(group.trajectories):
-        for sequence in tokenize_trajectory(trajectory, tokenizer, trajectory_index=i):
-            [batch] = pack_sequences([sequence], [1.0])
-            served.append(batch.old_logprobs_N)
-            policy.append(trainer.token_logprobs(batch))
-            with trainer.model.disable_adapter():
-                base.append(trainer.token_logprobs(batch))
+    for batch in pack_sequences(sequences, [1.0] * len(sequences)):
+        served.append(batch.old_logprobs_N)
+        policy.append(trainer.token_logprobs(batch))
+        with trainer.model.disable_adapter():
+            base.append(trainer.token_logprobs(batch))
     return torch.cat(served), torch.cat(policy), torch.cat(base)
 
 
@@ -60,7 +72,9 @@ async def _stream(client: AsyncOpenAI, name: str, i: int) -> tracerl.Trajectory:
     """One streamed answer, as the SDK reads it, kept as a trajectory (the served name, ids, logprobs and when)."""
     messages = [{"role": "user", "content": f"Count from {i} and say why."}]
     started = time.monotonic()
-    stream = await client.chat.completions.create(model=name, messages=messages, max_tokens=24, temperature=1.0, stream=True, logprobs=True)
+    stream = await client.chat.completions.create(
+        model=name, messages=messages, max_tokens=CONFIG["stream_tokens"], temperature=1.0, stream=True, logprobs=True
+    )
     first = None
     async for chunk in stream:
         if first is None and chunk.choices:
@@ -76,16 +90,17 @@ async def _stream(client: AsyncOpenAI, name: str, i: int) -> tracerl.Trajectory:
 
 
 async def _streams_across(client: AsyncOpenAI, name: str, swap: "asyncio.Task") -> list[tracerl.Trajectory]:
-    """16 streams at a time, asking for ``name``, from before the swap until two rounds after it."""
+    """``CONFIG["workers"]`` streams at a time, asking for ``name``, from before the swap until
+    ``CONFIG["rounds_after"]`` rounds after it."""
     answers: list[tracerl.Trajectory] = []
 
     async def worker(w: int) -> None:
         rounds_after = 0
-        while rounds_after < 2:
+        while rounds_after < CONFIG["rounds_after"]:
             rounds_after += swap.done()
             answers.append(await _stream(client, name, w))
 
-    await asyncio.gather(*(worker(w) for w in range(16)))
+    await asyncio.gather(*(worker(w) for w in range(CONFIG["workers"])))
     return answers
 
 
@@ -95,7 +110,9 @@ def test_merged_serving_returns_the_trainers_policy_after_a_step(tmp_path):
 
     async def run():
         model = tracerl.TrainableModel("merged", "tests", "smollm2-135m", base_path=tmp_path)
-        backend = tracerl.LocalBackend(inference="vllm", serve_merged=True, server_options={"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+        backend = tracerl.LocalBackend(
+            inference="vllm", serve_merged=True, server_options={"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "extra_args": CONFIG["vllm_args"]},
+        )
         await model.register(backend)
         try:
             client = AsyncOpenAI(base_url=model.inference_base_url, api_key=model.inference_api_key, max_retries=0, timeout=600)
@@ -109,16 +126,17 @@ def test_merged_serving_returns_the_trainers_policy_after_a_step(tmp_path):
 
             server.reload_weights = timed_reload
             training = asyncio.create_task(backend.train(model, [group], learning_rate=5e-3))
-            streams = await _streams_across(client, model.get_inference_name(0), training)  # the swap under 16 streams
+            streams = await _streams_across(client, model.get_inference_name(0), training)  # the swap under concurrent streams
             first = await training
             spanning = [t for t in streams if t.metadata["span"][0] < reloads[0] < t.metadata["span"][1]]
             assert spanning, "no answer was in flight when the weights were swapped: the check means nothing"
             after_step = await _sample_group(client, model.get_inference_name(1))
             state = backend._state(model)
             logprobs = _served_and_trainer_logprobs(backend._trainer(state), backend.tokenizer(model), after_step)
-            per_stream = [
-                (t.sampled_turns()[0].model, _served_and_trainer_logprobs(backend._trainer(state), backend.tokenizer(model), tracerl.TrajectoryGroup([t])))
-                for t in streams
+            per_stream = [  # the streams of each name checked together: one packed forward each, not two per stream
+                (name, _served_and_trainer_logprobs(backend._trainer(state), backend.tokenizer(model), tracerl.TrajectoryGroup(named)))
+                for name in sorted({t.sampled_turns()[0].model for t in streams})
+                for named in [[t for t in streams if t.sampled_turns()[0].model == name]]
             ]
             second = await backend.train(model, [after_step], learning_rate=5e-3)
             with pytest.raises(NotFoundError):  # two steps back: no longer served
@@ -132,12 +150,13 @@ def test_merged_serving_returns_the_trainers_policy_after_a_step(tmp_path):
             assert sft.step == 3 and {c.model for c in after_sft.trajectories[0].sampled_turns()} == {"merged@3"}
             sft_served, sft_policy, _ = _served_and_trainer_logprobs(backend._trainer(state), backend.tokenizer(model), after_sft)
             assert (sft_served - sft_policy).abs().max() < 2e-3, "vLLM did not serve the policy SFT wrote"
-            return first, second, logprobs, per_stream
+            return first, second, logprobs, streams, per_stream
         finally:
             await backend.close()
 
-    first, second, (served, policy, base), per_stream = asyncio.run(run())
-    assert len(per_stream) >= 32 and {name for name, _ in per_stream} == {"merged@0", "merged@1"}  # none failed; both sides of the swap
+    first, second, (served, policy, base), streams, per_stream = asyncio.run(run())
+    assert len(streams) >= CONFIG["workers"] * CONFIG["rounds_after"]  # none failed
+    assert [name for name, _ in per_stream] == ["merged@0", "merged@1"]  # both sides of the swap
     for name, (stream_served, stream_policy, stream_base) in per_stream:  # every token of an answer from the policy it names
         named = stream_policy if name == "merged@1" else stream_base
         assert (stream_served - named).abs().max() < 2e-3, f"an answer named {name} holds tokens of another policy"
