@@ -14,7 +14,7 @@ SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 PIP_VERSION := 26.3
 LOCKED := pip install -q --no-deps --require-hashes -r
 
-.PHONY: demo-vllm install install-dev install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-skypilot install-verifiers lock demo demo-bf16 demo-tinker test test-long docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm clean
+.PHONY: demo-vllm install install-dev install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-skypilot install-verifiers lock demo demo-bf16 demo-tinker test test-long docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm plan-check clean
 
 $(STAMP): pyproject.toml Makefile locks/main.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -131,6 +131,8 @@ LONG_TESTS := tests/test_chaos_real_model.py tests/test_langgraph_learns.py test
 # merged serving under 16 streams with vLLM compiled as the demo runs it (~2 min; the suite: 8 streams, vLLM eager),
 # the SFT-then-RL example with 4 few-shot attempts and 3 distillation steps (~2 min; the suite: 1 attempt, 1 step)
 LONG_TESTS += tests/test_serve_merged_real_model.py tests/test_sft_then_rl_example.py
+# the Ray backend's two steps on the real SmolLM2-135M too (~35 s; the suite: the tiny random Llama)
+LONG_TESTS += tests/test_ray_backend.py
 test-long: $(DEV_STAMP) install-vllm install-gguf-converter install-model-files install-jemalloc install-skypilot install-verifiers install-ts
 	TRACERL_FULL=1 $(BIN)/python -m pytest -q --durations=30 $(LONG_TESTS)
 
@@ -148,6 +150,13 @@ bench-pipeline: $(STAMP)
 	$(BIN)/python bench/pipeline.py --seeds 0,1,2 --steps 4
 	$(BIN)/python bench/pipeline.py --seeds 0,1,2 --steps 4 --split-cores
 	$(BIN)/python bench/pipeline.py --seeds 0,1,2 --tasks slow_tool --split-cores
+
+# the memory plan (`tracerl plan`) against measured peaks: random Llama shapes of 0.12B, 0.34B and 1.1B parameters x
+# 256, 512 and 1,024 tokens, one real training step each in its own process (fp32, jemalloc), peak = the process's
+# high-water mark after a reset; each must be within max(15%, 150 MB) of the plan (~12 min on 2 cores);
+# results in bench/results/plan_check.json, the table in docs/benchmarks.md
+plan-check: $(STAMP)
+	$(BIN)/python bench/plan_check.py --out bench/results/plan_check.json
 
 # 4 models on one tracerl serve --tinker vs 4 LocalBackends: memory, steps/hour, decode speed (~25 min)
 bench-multitenant: $(STAMP)

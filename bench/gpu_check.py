@@ -13,7 +13,10 @@ Per shape it measures
   Tokens/s is reported twice: *computed* (tokens the packed forward really runs: a group's
   prompt once, then each completion) and *logical* (prompt + completion of every sequence,
   what an unpacked trainer would run).  Peak memory: ``torch.cuda.max_memory_allocated`` on
-  CUDA, the process's peak RSS (``ru_maxrss``, model load included) on CPU.
+  CUDA, the process's peak RSS (``ru_maxrss``, model load included) on CPU.  Beside it, the
+  memory plan's trainer peak for the same settings (``tracerl plan``; on CUDA their ratio, the
+  plan predicting allocator bytes) and ``tracerl export``'s streamed merge of the trained
+  adapter into the base's shards (seconds, the process's peak RSS before and after).
 * **decode** — ``TransformersServer`` over HTTP at 1, 8 and 32 concurrent chat requests of
   ``--decode-tokens`` tokens each (``ignore_eos``): completion tokens/s across all requests.
 
@@ -191,10 +194,41 @@ def measure_train(folder: Path, shape: dict[str, Any], args: argparse.Namespace)
         "loss": metrics["loss"],
         "grad_norm": metrics["grad_norm"],
         **_peak_memory_mb(args.device),
+        "plan_trainer_peak_mb": _planned_peak_mb(folder, trainer, args),
     }
+    if args.device.startswith("cuda"):  # the plan predicts allocator bytes, which a GPU reports exactly
+        result["plan_vs_measured"] = result["plan_trainer_peak_mb"] / result["peak_gpu_mb"] - 1
+    result["merge"] = measure_merge(folder, trainer)
     del trainer, batches
     _reset_peak(args.device)
     return result
+
+
+def _planned_peak_mb(folder: Path, trainer: Any, args: argparse.Namespace) -> float:
+    """The memory plan's trainer peak for this step's settings (``tracerl plan``; nothing loaded)."""
+    from tracerl.train.memory_plan import PlanSettings, plan
+
+    dtype = "bfloat16" if str(trainer.dtype).endswith("bfloat16") else "float32"
+    row = max(args.micro_batch_tokens, args.prompt_tokens + args.completion_tokens)
+    settings = PlanSettings(device="cuda" if args.device.startswith("cuda") else "cpu", gpu_memory_bytes=1 << 50, lora_rank=8,
+                            seq_len=row, micro_batch_tokens=args.micro_batch_tokens, dtype=dtype, inference=None)  # fmt: skip
+    return plan(folder, settings, suggest=False).trainer_peak / 2**20
+
+
+def measure_merge(folder: Path, trainer: Any) -> dict[str, Any]:
+    """``tracerl export``'s streamed merge of the trained adapter into the base's shards: seconds and the process's RSS."""
+    from tracerl.train.export import write_hf_folder
+
+    with tempfile.TemporaryDirectory(prefix="tracerl-gpu-check-merge-") as tmp:
+        checkpoint, target = Path(tmp) / "checkpoint", Path(tmp) / "merged"
+        trainer.save(checkpoint, step=1, with_optimizer=False)
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        started = time.perf_counter()
+        write_hf_folder(checkpoint, folder, target)
+        seconds = time.perf_counter() - started
+        written = sum(f.stat().st_size for f in target.glob("*.safetensors")) / 2**20
+    return {"merge_s": seconds, "merged_mb": written, "peak_rss_mb_before": rss_before,
+            "peak_rss_mb_after": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 async def _decode_round(base_url: str, concurrency: int, prompt: str, max_tokens: int, api_key: str) -> dict[str, Any]:
@@ -351,9 +385,9 @@ def print_table(report: dict[str, Any]) -> None:
     env = report["environment"]
     print(f"\ndevice {env['device']} ({env['gpu_name'] or platform.processor() or 'cpu'}), torch {env['torch']}, "
           f"transformers {env['transformers']}, peft {env['peft']}; wall {report['wall_s']:.0f} s\n")
-    print("| shape | params | dtype | GRPO s/step | computed tok/s | logical tok/s | peak train mem (MB) | "
+    print("| shape | params | dtype | GRPO s/step | computed tok/s | logical tok/s | peak train mem (MB) | plan (MB) | merge s | "
           + " | ".join(f"decode tok/s @{c}" for c in CONCURRENCY) + " | peak decode mem (MB) |")
-    print("|---|---|---|---|---|---|---|" + "---|" * len(CONCURRENCY) + "---|")
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * len(CONCURRENCY) + "---|")
     for shape in report["shapes"]:
         if "error" in shape:
             print(f"| {shape['shape']} | failed: {shape['error'][:200]} |")
@@ -362,6 +396,7 @@ def print_table(report: dict[str, Any]) -> None:
         memory = lambda m: f"{m['peak_gpu_mb']:.0f} GPU" if m["peak_gpu_mb"] is not None else f"{m['peak_rss_mb']:.0f} RSS"
         print(f"| {shape['shape']} | {shape['parameters'] / 1e6:.1f}M | {t['dtype']} | {t['step_s_median']:.3f} | "
               f"{t['computed_tokens_per_s']:.0f} | {t['logical_tokens_per_s']:.0f} | {memory(t)} | "
+              f"{t['plan_trainer_peak_mb']:.0f} | {t['merge']['merge_s']:.1f} | "
               + " | ".join(f"{r['tokens_per_s']:.1f}" for r in d["rounds"]) + f" | {memory(d)} |")
 
 

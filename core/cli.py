@@ -142,6 +142,51 @@ def install_vllm() -> None:
     typer.echo(install_vllm_runtime())
 
 
+@app.command("plan")
+def plan_memory(
+    model: str = typer.Argument(..., help="A model folder (its config.json), a built-in shape (Qwen3-8B, Qwen3-32B, Qwen3-30B-A3B, Llama-3.1-8B, Llama-3.1-70B, gpt-oss-20b) or 'all'."),
+    gpus: int = typer.Option(1, help="GPUs the run uses (vLLM's tensor parallelism spans them)."),
+    gpu_memory: float = typer.Option(80.0, help="GiB of memory per GPU (with --device cpu: the machine's RAM)."),
+    device: str = typer.Option("cuda", help="cuda | cpu."),
+    lora_rank: int = typer.Option(8, help="LoRA rank (lora_config['r'])."),
+    target_modules: str = typer.Option(",".join(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")), help="LoRA target modules, comma-separated."),
+    seq_len: int = typer.Option(4096, help="Longest packed row in tokens (LocalBackend's max_seq_len)."),
+    micro_batch_tokens: int = typer.Option(4096, help="Tokens per micro-batch (LocalBackend's micro_batch_tokens)."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on a GPU, fp32 on a CPU) | float32 | bfloat16."),
+    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations in backward."),
+    gpu_memory_utilization: float = typer.Option(0.9, help="vLLM's share of each GPU."),
+    inference: str = typer.Option("vllm", help="vllm | transformers | none (training only)."),
+    max_loras: int = typer.Option(3, help="Adapters vLLM holds at once (LocalBackend derives it from the policies served)."),
+    max_model_len: int = typer.Option(4096, help="vLLM's context length (its KV cache must hold one such sequence)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """What the trainer and vLLM take in memory for a model and settings, computed from shapes (no weights), and whether it fits."""
+    from rich.console import Console
+
+    from .errors import ConfigError
+    from .train.memory_plan import BUILTIN_SHAPES, PlanSettings, plan, plan_json, render
+
+    try:
+        settings = PlanSettings(
+            device=device, gpus=gpus, gpu_memory_bytes=int(gpu_memory * 2**30), lora_rank=lora_rank,
+            target_modules=tuple(m.strip() for m in target_modules.split(",") if m.strip()), seq_len=seq_len,
+            micro_batch_tokens=micro_batch_tokens, dtype=dtype, gradient_checkpointing=gradient_checkpointing,
+            inference=None if inference == "none" else inference, gpu_memory_utilization=gpu_memory_utilization,
+            max_loras=max_loras, max_model_len=max_model_len,
+        )  # fmt: skip
+        results = [plan(name, settings) for name in (BUILTIN_SHAPES if model == "all" else [model])]
+    except ConfigError as error:
+        raise typer.BadParameter(str(error)) from error
+    console = Console()
+    for result in results:
+        if as_json:
+            typer.echo(plan_json(result))
+        else:
+            console.print(render(result))
+    if not all(result.fits for result in results):
+        raise typer.Exit(code=1)
+
+
 @app.command("serve")
 def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on. Beyond loopback (0.0.0.0, a LAN address) a token is required."),

@@ -68,6 +68,8 @@ def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path, selection, expected)
         assert train["logical_tokens_per_s"] > train["computed_tokens_per_s"] > 0
         assert train["trained_tokens"] == train["sequences"] * report["args"]["completion_tokens"]
         assert train["peak_gpu_mb"] is None and train["peak_rss_mb"] > 0
+        assert train["plan_trainer_peak_mb"] > 0 and "plan_vs_measured" not in train  # a ratio only where allocator bytes are measured
+        assert train["merge"]["merge_s"] > 0 and train["merge"]["merged_mb"] > 0  # the streamed merge of the trained adapter ran
         assert [r["concurrency"] for r in decode["rounds"]] == [1, 8, 32]
         for r in decode["rounds"]:
             assert r["completion_tokens"] == r["concurrency"] * report["args"]["decode_tokens"]

@@ -1,4 +1,4 @@
-"""Data-parallel GRPO steps over torch.distributed ranks (gloo on CPU, nccl on CUDA).
+"""Data-parallel GRPO steps over torch.distributed ranks (gloo on CPU; nccl on CUDA, not yet run).
 
 :class:`DataParallelLoRATrainer` is :class:`~tracerl.train.trainer.LoRATrainer` with the step's packed
 micro-batches shared out between the ranks.  Every rank holds the same base model and adapter
@@ -9,19 +9,18 @@ takes the same step, and that step is one process's to float tolerance: the same
 A failure on one rank (a non-finite loss, a bad token id, anything) is raised on every rank before
 any gradient is exchanged, so no rank waits forever and none applies an update.
 
-The ranks are started by an existing launcher, never by us: ``torchrun`` (this module is its
-worker, ``python -m torch.distributed.run ... -m tracerl.cluster.data_parallel``; multi-node with
-``--nnodes``/``--rdzv-endpoint``), or anything else that sets up the process group (Ray Train's
-``TorchTrainer``).  :func:`train_step_data_parallel` runs one step that way from Python.
+:class:`PersistentLoRATrainer` (``LocalBackend(train_workers=N)``) starts the ranks once, as
+processes of this machine kept for the run (:class:`~tracerl.cluster.rank_pool.RankPool`: a socket
+pair to each, every wait bounded, a rank that dies an ``InfrastructureError``); each loads the base
+model once and steps, saves and restores its adapter on command.  The parent holds no model of its
+own unless something asks for one (SFT, merged serving): then it loads a copy on the CPU.
+:func:`train_step_data_parallel` runs one step that way from Python.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import datetime
 import os
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -30,9 +29,10 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError, NonFiniteError, TracerlError, TrajectoryError
+from ..errors import ConfigError
 from ..train.packing import MicroBatch
 from ..train.trainer import LoRASettings, LoRATrainer, StepConfig, trained_tokens
+from .rank_pool import RankPool, describe_error, rebuild_error, serve_commands
 
 
 def shard(micro_batches: Sequence[MicroBatch], rank: int, world: int) -> list[MicroBatch]:
@@ -80,17 +80,11 @@ class DataParallelLoRATrainer(LoRATrainer):
     def _raise_everywhere(self, failure: Exception | None) -> None:
         """Raise on every rank: the rank's own error, or the first failed rank's as the same type."""
         reports: list[Any] = [None] * self.world
-        mine = None if failure is None else (type(failure).__name__, str(failure), getattr(failure, "sequences", ()))
-        dist.all_gather_object(reports, mine)
+        dist.all_gather_object(reports, None if failure is None else describe_error(failure))
         if failure is not None:
             raise failure
-        rank, (kind, message, sequences) = next((r, report) for r, report in enumerate(reports) if report is not None)
-        message = f"data-parallel rank {rank}: {message}"
-        if kind == NonFiniteError.__name__:
-            raise NonFiniteError(message, sequences=tuple(sequences))
-        if kind == TrajectoryError.__name__:
-            raise TrajectoryError(message)
-        raise TracerlError(f"{kind}: {message}")
+        rank, report = next((r, report) for r, report in enumerate(reports) if report is not None)
+        raise rebuild_error(report, prefix=f"data-parallel rank {rank}: ")
 
     def _all_reduce_gradients(self) -> None:
         """Sum every LoRA gradient over the ranks in one flat all-reduce (a rank without
@@ -119,6 +113,149 @@ class DataParallelLoRATrainer(LoRATrainer):
         return [x for rank_sampler, _ in parts for x in rank_sampler], [x for _, rank_trainer in parts for x in rank_trainer]
 
 
+STEP_TIMEOUT = 1800.0
+"""Seconds a step (and each rank's collectives) may take before it is an ``InfrastructureError``."""
+START_TIMEOUT = 600.0
+"""Seconds for the ranks to start, join their process group and load the model."""
+SAVE_TIMEOUT = 300.0
+_MUTATING = frozenset({"apply_update", "optimizer", "params"})
+"""What, reached through the parent's own copy, can change the adapter: the ranks take it back before their next step."""
+_OWN = frozenset({"_pool", "_local", "_local_ahead", "_chunk_size"})
+
+
+class PersistentLoRATrainer:
+    """A trainer whose steps are taken by ``workers`` data-parallel ranks started once (see the module doc).
+
+    It answers what :class:`LoRATrainer` answers for ``LocalBackend``: :meth:`step` (on the
+    ranks), :meth:`save` (rank 0 writes the adapter, optimizer state and trainer state, the same
+    files a single process writes), and anything else (``model``, ``apply_update``,
+    ``forward_token_logprobs``... for merged serving and SFT) from a copy the parent loads on the
+    CPU the first time it is asked, from the ranks' adapter.  An update made through that copy is
+    given back to the ranks before their next step; after each step the copy takes the ranks'
+    adapter.  :meth:`close` stops the ranks; so does dropping the last reference to the trainer.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        workers: int,
+        lora: LoRASettings = LoRASettings(),
+        adapter_path: str | os.PathLike[str] | None = None,
+        device: str | None = None,
+        dtype: torch.dtype | str | None = None,
+        logprob_chunk_size: int = 256,
+        gradient_checkpointing: bool | int = False,
+        start_timeout: float = START_TIMEOUT,
+        step_timeout: float = STEP_TIMEOUT,
+    ) -> None:
+        """``device``: ``"cpu"`` (gloo; ranks share the cores, ``OMP_NUM_THREADS`` split between
+        them unless set) or ``"cuda"`` (nccl, rank ``i`` on GPU ``i``: not yet run).  ``adapter_path``:
+        resume from a checkpoint (adapter and optimizer state), as :class:`LoRATrainer`."""
+        from ..inference.devices import default_device
+
+        if workers < 1:
+            raise ConfigError(f"train_workers must be >= 1, got {workers}")
+        self.model_path, self.workers, self.lora = str(model_path), workers, lora
+        self.device = str(device or default_device())
+        self.step_timeout = step_timeout
+        self._local: LoRATrainer | None = None
+        self._local_ahead = False
+        self._chunk_size = logprob_chunk_size
+        self._pool = _start_ranks(workers, self.device.split(":")[0], step_timeout)
+        try:
+            dtype_name = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype
+            load = {"model_path": self.model_path, "lora": asdict(lora), "adapter_path": str(adapter_path) if adapter_path else None,
+                    "dtype": dtype_name, "logprob_chunk_size": logprob_chunk_size,
+                    "gradient_checkpointing": gradient_checkpointing}  # fmt: skip
+            self.dtype: torch.dtype = getattr(torch, self._pool.call("load", load, timeout=start_timeout)[0])
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # -- what the ranks do -----------------------------------------------------------
+    def step(self, micro_batches: Sequence[MicroBatch], config: StepConfig) -> dict[str, float]:
+        """One GRPO step on the ranks (see :meth:`LoRATrainer.step`); its errors are raised here as their types."""
+        if self._local_ahead:
+            self._give_back_local()
+        metrics = self._pool.call("step", {"micro_batches": list(micro_batches), "config": config.to_dict()},
+                                  timeout=self.step_timeout)[0]  # fmt: skip
+        if self._local is not None:
+            self._refresh_local()
+        return {**metrics, "data_parallel_workers": float(self.workers)}
+
+    def save(self, path: str | os.PathLike[str], *, step: int, with_optimizer: bool = True) -> None:
+        """Write the adapter (peft format), the optimizer state and ``trainer_state.json`` to ``path``."""
+        if self._local_ahead:
+            assert self._local is not None
+            self._local.save(path, step=step, with_optimizer=with_optimizer)
+            return
+        self._pool.call("save", {"path": str(path), "step": step, "with_optimizer": with_optimizer}, timeout=SAVE_TIMEOUT, ranks=[0])
+
+    def rank_stats(self) -> list[dict[str, Any]]:
+        """Each rank's ``pid``, ``model_loads`` and ``steps``, as of its last answer."""
+        return [dict(stats) for stats in self._pool.stats]
+
+    def close(self) -> None:
+        """Stop the ranks (asked, then by process id) and drop the parent's copy; safe to call twice."""
+        self._pool.close()
+        self._local = None
+
+    # -- the parent's copy -------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in _OWN:  # not set yet (a failed __init__): never the copy
+            raise AttributeError(name)
+        local = self._local_copy()
+        if name in _MUTATING:
+            self._local_ahead = True
+        return getattr(local, name)
+
+    def _local_copy(self) -> LoRATrainer:
+        if self._local is None:
+            with tempfile.TemporaryDirectory(prefix="tracerl-dp-copy-") as scratch:
+                self.save(scratch, step=0)
+                self._local = LoRATrainer(self.model_path, lora=self.lora, adapter_path=scratch, device="cpu", dtype=self.dtype,
+                                          logprob_chunk_size=self._chunk_size)  # fmt: skip
+        return self._local
+
+    def _refresh_local(self) -> None:
+        assert self._local is not None
+        with tempfile.TemporaryDirectory(prefix="tracerl-dp-copy-") as scratch:
+            self._pool.call("save", {"path": scratch, "step": 0, "with_optimizer": True}, timeout=SAVE_TIMEOUT, ranks=[0])
+            _restore(self._local, scratch)
+
+    def _give_back_local(self) -> None:
+        assert self._local is not None
+        with tempfile.TemporaryDirectory(prefix="tracerl-dp-copy-") as scratch:
+            self._local.save(scratch, step=0)
+            self._pool.call("restore", {"path": scratch}, timeout=SAVE_TIMEOUT)
+        self._local_ahead = False
+
+
+def _restore(trainer: LoRATrainer, folder: str | os.PathLike[str]) -> None:
+    """Set ``trainer``'s adapter weights and optimizer state to those saved in ``folder``."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    set_peft_model_state_dict(trainer.model, load_file(Path(folder) / "adapter_model.safetensors", device=str(trainer.device)))
+    trainer.optimizer.load_state_dict(torch.load(Path(folder) / "optimizer.pt", weights_only=True))
+
+
+def _start_ranks(workers: int, kind: str, timeout: float) -> RankPool:
+    """``workers`` processes of this module, joined through a store this process holds (no port to guess)."""
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
+
+    def env(rank: int) -> dict[str, str]:
+        extra = {"OMP_NUM_THREADS": threads} if kind == "cpu" else {}
+        return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(workers), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(store.port), "TRACERL_DP_DEVICE": kind, "TRACERL_DP_TIMEOUT": str(timeout), **extra}
+
+    pool = RankPool("tracerl.cluster.data_parallel", workers, env=env)
+    pool.store = store  # type: ignore[attr-defined]  # the rendezvous lives as long as the ranks
+    return pool
+
+
 def train_step_data_parallel(
     model_path: str | os.PathLike[str],
     micro_batches: Sequence[MicroBatch],
@@ -130,94 +267,70 @@ def train_step_data_parallel(
     lora: LoRASettings = LoRASettings(),
     device: str = "cpu",
     step: int = 1,
-    timeout: float | None = 1800,
+    timeout: float | None = STEP_TIMEOUT,
 ) -> dict[str, float]:
-    """One GRPO step on ``micro_batches`` by ``workers`` torchrun processes on this machine; rank 0
-    writes the new adapter (and optimizer state) to ``out``.  Returns the step's metrics.
-
-    ``device="cpu"``: gloo; ``"cuda"``: nccl, one GPU per worker.  For several machines run
-    ``torchrun --nnodes N --rdzv-endpoint HOST:PORT ... -m tracerl.cluster.data_parallel`` on each."""
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
-    with tempfile.TemporaryDirectory(prefix="tracerl-dp-") as scratch:
-        batches = Path(scratch, "micro_batches.pt")
-        torch.save(list(micro_batches), batches)
-        job = {"model_path": str(model_path), "adapter_path": str(adapter_path) if adapter_path else None,
-               "lora": asdict(lora), "config": config.to_dict(),
-               "device": device, "step": step, "batches": str(batches), "out": str(out),
-               "metrics": str(Path(scratch, "metrics.json"))}
-        Path(scratch, "job.json").write_text(json.dumps(job))
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
-                   "-m", "tracerl.cluster.data_parallel", str(Path(scratch, "job.json"))]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        failure = Path(scratch, "error.json")
-        if failure.exists():  # the step's own error, as the ranks raised it: the same type here
-            kind, message, sequences = json.loads(failure.read_text())
-            if kind == NonFiniteError.__name__:
-                raise NonFiniteError(message, sequences=tuple(sequences))
-            if kind == TrajectoryError.__name__:
-                raise TrajectoryError(message)
-            raise TracerlError(f"{kind}: {message}")
-        if done.returncode != 0:
-            raise TracerlError(f"the data-parallel step failed (torchrun exit {done.returncode}):\n{done.stderr[-4000:]}")
-        return json.loads(Path(job["metrics"]).read_text())
-
-
-class TorchrunLoRATrainer(LoRATrainer):
-    """A :class:`LoRATrainer` whose steps are taken by ``workers`` torchrun processes on this machine
-    (``LocalBackend(train_workers=N)``): before a step its adapter and optimizer state are written to
-    a scratch folder the ranks start from, after it the result is loaded back, so checkpoints,
-    resume and hot-loading stay the backend's.  Each step starts the ranks afresh (model load
-    included): the price of keeping one process's trainer and many processes' step interchangeable."""
-
-    def __init__(self, model_path: str | os.PathLike[str], *, workers: int, **options: Any) -> None:
-        if workers < 1:
-            raise ConfigError(f"train_workers must be >= 1, got {workers}")
-        super().__init__(model_path, **options)
-        self.model_path, self.workers = str(model_path), workers
-
-    def step(self, micro_batches: Sequence[MicroBatch], config: StepConfig) -> dict[str, float]:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        with tempfile.TemporaryDirectory(prefix="tracerl-dp-step-") as scratch:
-            before, after = Path(scratch, "before"), Path(scratch, "after")
-            self.save(before, step=0)
-            metrics = train_step_data_parallel(self.model_path, micro_batches, config, after, workers=self.workers,
-                                               adapter_path=before, lora=self.lora, device=str(self.device).split(":")[0])
-            set_peft_model_state_dict(self.model, load_file(after / "adapter_model.safetensors", device=str(self.device)))
-            self.optimizer.load_state_dict(torch.load(after / "optimizer.pt", weights_only=True))
-        return metrics
-
-
-def _worker(job_file: str) -> None:
-    """One torchrun rank: join the group, load, step, and (rank 0) save."""
-    job = json.loads(Path(job_file).read_text())
-    device = job["device"]
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        device = f"cuda:{torch.cuda.current_device()}"
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    """One GRPO step on ``micro_batches`` by ``workers`` ranks started for it (:class:`PersistentLoRATrainer`,
+    closed after); rank 0 writes the new adapter (and optimizer state) to ``out``.  Returns the step's metrics."""
+    trainer = PersistentLoRATrainer(model_path, workers=workers, lora=lora, adapter_path=adapter_path, device=device,
+                                    step_timeout=timeout or STEP_TIMEOUT)  # fmt: skip
     try:
-        lora = LoRASettings(**{**job["lora"], "target_modules": tuple(job["lora"]["target_modules"])})
-        trainer = DataParallelLoRATrainer(job["model_path"], lora=lora, adapter_path=job["adapter_path"], device=device)
-        micro_batches = torch.load(job["batches"], weights_only=False)  # our own file, written by the launcher
-        try:
-            metrics = trainer.step(micro_batches, StepConfig(**job["config"]))
-        except Exception as error:  # every rank raises (DataParallelLoRATrainer); rank 0 tells the launcher what
-            if dist.get_rank() == 0:
-                report = [type(error).__name__, str(error), list(getattr(error, "sequences", ()))]
-                Path(job["metrics"]).with_name("error.json").write_text(json.dumps(report))
-            raise
-        if dist.get_rank() == 0:
-            trainer.save(job["out"], step=job["step"])
-            Path(job["metrics"]).write_text(json.dumps({**metrics, "data_parallel_workers": float(dist.get_world_size())}))
-        dist.barrier()
+        metrics = trainer.step(micro_batches, config)
+        trainer.save(out, step=step)
+        return metrics
+    finally:
+        trainer.close()
+
+
+class _Rank:
+    """One rank's state between commands: the trainer it loaded once, and what it reports."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.trainer, self.model_loads, self.steps = device, None, 0, 0
+
+    def stats(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "model_loads": self.model_loads, "steps": self.steps}
+
+    def handle(self, command: str, payload: dict[str, Any]) -> Any:
+        if command == "load":
+            lora = LoRASettings(**payload["lora"])
+            self.trainer = DataParallelLoRATrainer(
+                payload["model_path"], lora=lora, adapter_path=payload["adapter_path"], device=self.device, dtype=payload["dtype"],
+                logprob_chunk_size=payload["logprob_chunk_size"], gradient_checkpointing=payload["gradient_checkpointing"])  # fmt: skip
+            self.model_loads += 1
+            return str(self.trainer.dtype).removeprefix("torch.")
+        trainer = self.trainer
+        if trainer is None:
+            raise ConfigError(f"{command!r} before the model was loaded")
+        if command == "step":
+            metrics = trainer.step(payload["micro_batches"], StepConfig(**payload["config"]))
+            self.steps += 1
+            return metrics
+        if command == "save":
+            trainer.save(payload["path"], step=payload["step"], with_optimizer=payload["with_optimizer"])
+            return None
+        if command == "restore":
+            _restore(trainer, payload["path"])
+            return None
+        raise ConfigError(f"unknown command {command!r}")
+
+
+def _serve_rank() -> None:
+    """A rank: join the group (the parent's store), then answer the parent's commands until told to stop."""
+    kind, timeout = os.environ["TRACERL_DP_DEVICE"], float(os.environ["TRACERL_DP_TIMEOUT"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = kind
+    if kind == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        device = f"cuda:{torch.cuda.current_device()}"
+    wait = datetime.timedelta(seconds=timeout)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timeout=wait)
+    dist.init_process_group("nccl" if kind == "cuda" else "gloo", store=store, rank=rank, world_size=world, timeout=wait)
+    try:
+        state = _Rank(device)
+        serve_commands(state.handle, state.stats)
     finally:
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="one data-parallel GRPO step (a torchrun worker)")
-    parser.add_argument("job", help="the job file train_step_data_parallel writes")
-    _worker(parser.parse_args().job)
+    _serve_rank()

@@ -23,9 +23,12 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 GIB = 1024**3
-TRAIN_OVERHEAD = 1.35
-"""Trainer need ≈ weights × this + :data:`FIXED_OVERHEAD_BYTES`: LoRA weights, their AdamW state and
-gradients are ~1–3% of the base; activations with checkpointing and chunked logprobs stay small."""
+TRAIN_OVERHEAD = 1.05
+"""The trainer's load needs ≈ weights × this + :data:`FIXED_OVERHEAD_BYTES`: its LoRA, the LoRA's gradients and
+AdamW state (16 bytes a LoRA parameter: 1–3% of a bf16 base at rank 8–32).  This checks the load only: a step's
+activations, masks and logprob chunks depend on the sequence length, micro-batch and checkpointing, and are
+checked with the whole run by the memory plan at ``LocalBackend.register`` (:mod:`tracerl.train.memory_plan`),
+which replaced a flat 1.35 × weights that assumed gradient checkpointing."""
 SERVE_OVERHEAD = 1.25
 """Transformers-server need ≈ weights × this + fixed: the KV cache of a few dozen short rows."""
 FIXED_OVERHEAD_BYTES = 1 * GIB
@@ -37,6 +40,18 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def release_cached_gpu_memory() -> None:
+    """Hand PyTorch's cached, unused CUDA blocks back to the driver (nothing on a CPU).
+
+    Between a training step and waking a vLLM that slept through it on the same GPU: vLLM's
+    wake-up re-allocates its weights and KV cache from the driver, which cannot see memory
+    PyTorch's caching allocator still holds for the trainer."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def is_cuda(device: "str | torch.device") -> bool:

@@ -62,6 +62,23 @@ GUARD_MODULE = "tracerl_vllm_key_guard"
 CPU_KV_CACHE_BYTES = 1 << 30
 """vLLM's KV cache on CPU unless told otherwise: allocated up front beside the trainer, so kept small."""
 """Module name of vllm_key_guard.py inside the vLLM process (unique, so it shadows nothing)."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM takes as ``--max-lora-rank`` (0.32: ``MaxLoRARanks`` in ``vllm/config/lora.py``, a pydantic
+``Literal``: any other value stops its start-up); an adapter's rank must be at most it (``vllm/lora/peft_helper.py``)."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that serves a LoRA of ``rank`` (:data:`VLLM_LORA_RANKS`);
+    a rank above its largest is a :class:`ConfigError` that says which ranks it serves."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ConfigError(f"a LoRA rank is an integer >= 1, got {rank!r}")
+    for accepted in VLLM_LORA_RANKS:
+        if rank <= accepted:
+            return accepted
+    raise ConfigError(
+        f"vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]} (--max-lora-rank one of {', '.join(map(str, VLLM_LORA_RANKS))}); "
+        f"rank {rank} cannot be served: choose lora_config={{'r': {VLLM_LORA_RANKS[-1]}}} or less, or inference='transformers'"
+    )
 
 
 def _stop_when_parent_dies() -> None:
@@ -224,6 +241,11 @@ class VLLMServer:
         self._port = port
         self._python = Path(python) if python else None
         self.startup_timeout = startup_timeout
+        if enable_lora and max_lora_rank not in VLLM_LORA_RANKS:
+            raise ConfigError(
+                f"vLLM takes --max-lora-rank {', '.join(map(str, VLLM_LORA_RANKS))}, not {max_lora_rank}: "
+                f"use {vllm_lora_rank(max_lora_rank)} (the smallest that serves rank {max_lora_rank})"
+            )
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
         self.max_cpu_loras = max_cpu_loras

@@ -1,12 +1,13 @@
 """A trained policy out of its run directory: a merged Hugging Face folder and a GGUF file.
 
 ``tracerl export NAME --project P --out DIR`` (:func:`export_policy`) reads checkpoint ``step``
-(default: the newest) of ``{base_path}/{project}/models/{name}/``, loads the base model with that
-LoRA and writes:
+(default: the newest) of ``{base_path}/{project}/models/{name}/``, folds its LoRA into the base
+model's weights (read file by file, never loaded whole) and writes:
 
 - ``DIR/hf/``: the merged policy, ``W + scale · B @ A`` folded into every adapted weight by
   :func:`tracerl.train.merged_weights.write_merged_model` (the same merge ``serve_merged`` hands to
-  vLLM), fp32 safetensors under the base model's own tensor names, with its ``config.json``,
+  vLLM), streamed tensor by tensor (no base weight is loaded into memory) into the base model's
+  own safetensors layout (its shards and index, tensor names and dtypes), with its ``config.json``,
   ``generation_config.json`` and tokenizer files (the chat template included): a plain model
   folder for ``transformers``, vLLM or any other reader of Hugging Face folders;
 - ``DIR/{name}-step{NNNN}-{type}.gguf``: that folder converted by llama.cpp's own converter
@@ -198,16 +199,22 @@ def _steps_text(steps: list[int]) -> str:
 
 
 def write_hf_folder(checkpoint: Path, model_path: Path, target: Path) -> Path:
-    """The base model at ``model_path`` with the LoRA of ``checkpoint`` folded in, as a model folder at ``target``."""
+    """The base model at ``model_path`` with the LoRA of ``checkpoint`` folded in, as a model folder at ``target``.
+
+    No base weight is loaded: the model is built on the meta device (its module names, as
+    transformers loads them, and the adapter's layout), the adapter's factors are read from
+    ``checkpoint``, and :func:`write_merged_model` streams the base's own files."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+    from peft.utils import load_peft_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from .merged_weights import write_merged_model
 
-    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    policy = PeftModel.from_pretrained(base, str(checkpoint)).eval()
-    write_merged_model(policy, model_path, target)
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    policy = PeftModel.from_pretrained(base, str(checkpoint), low_cpu_mem_usage=True).eval()
+    write_merged_model(policy, model_path, target, adapter_weights=load_peft_weights(str(checkpoint), device="cpu"))
     for name in _TOKENIZER_FILES:
         if (model_path / name).is_file():
             shutil.copy2(model_path / name, target / name)

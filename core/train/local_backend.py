@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Litera
 from ..base_models import resolve_base_model, with_chat_template
 from ..errors import CheckpointError, ConfigError, MismatchError, NonFiniteError, TrajectoryError
 from ..gather import GatheredGroups
-from ..inference.devices import DTYPES, default_device
-from ..inference.vllm_server import VLLMServer, has_gpu
+from ..inference.devices import DTYPES, default_device, release_cached_gpu_memory
+from ..inference.vllm_server import VLLMServer, has_gpu, vllm_lora_rank, vllm_python
 from ..model import Model, TrainableModel, aggregate_metrics, trajectories_jsonl
 from ..runs.run_lock import RunLock
 from ..runs.storage import TRAIN_SPLIT, RunDir, atomic_dir
 from ..types import Choice, TrainResult, TrajectoryGroup, check_groups
-from ..validation import check_train_arguments, describe_group, describe_trajectory
+from ..validation import check_train_arguments, describe_group, describe_trajectory, lora_values
+from .memory_plan import DEFAULT_TARGETS, PlanDoesNotFitError, PlanSettings, check_at_register, vllm_max_loras
 from .sampled_turns import check_sampled_turns
 from .served_policies import ServedPolicies
 from .step_config import StepConfig
@@ -59,6 +60,11 @@ class _Registered:
     merged_dir: Path | None = None
     """``serve_merged``: where the merged policy of the served step is written for vLLM to reload."""
     served: ServedPolicies = field(default_factory=ServedPolicies)
+
+
+def _lora_rank(model: TrainableModel) -> int:
+    """The rank of ``model``'s LoRA (``lora_config['r']``, LoRASettings' 8 when not given)."""
+    return int(lora_values(model.lora_config).get("r", 8))
 
 
 def _import_training_stack() -> None:
@@ -171,14 +177,22 @@ class LocalBackend:
         state = _Registered(model=model, run_dir=run_dir, model_path=model_path, lock=lock)
         self._models[model.name] = state
         _write_model_json(run_dir, model, model_path)
+        await asyncio.to_thread(self._check_memory_plan, state)  # a run that cannot fit stops here, before any load
         # vLLM (its own process) starts while the trainer loads on a CPU: its start is the longest wait of a
-        # new run.  Not on a GPU, where the two would race for its memory, and not the transformers server,
-        # whose load in this process would race the trainer's (transformers' loading is not thread-safe).
+        # new run.  On a GPU it starts *before* the trainer loads: its start-up profiles the free GPU memory
+        # and takes gpu_memory_utilization of it, which must not race the trainer's load.  The transformers
+        # server starts after the trainer (its load in this process would race the trainer's: transformers'
+        # loading is not thread-safe).
         server = self._make_server(state) if self.inference is not None else None
-        launch = None
-        if isinstance(server, VLLMServer) and (self.device or default_device()) == "cpu":
-            await asyncio.to_thread(_import_training_stack)
-            launch = asyncio.create_task(self._start(state, server))
+        launch: asyncio.Future[None] | None = None
+        if isinstance(server, VLLMServer):
+            if (self.device or default_device()) == "cpu":
+                await asyncio.to_thread(_import_training_stack)
+                launch = asyncio.create_task(self._start(state, server))
+            else:
+                await self._start(state, server)
+                launch = asyncio.get_running_loop().create_future()
+                launch.set_result(None)
         try:
             if run_dir.latest_step() is None:
                 trainer = await asyncio.to_thread(self._trainer, state)
@@ -203,7 +217,8 @@ class LocalBackend:
         from ..inference.base import make_server
 
         if not self.serve_merged:
-            return make_server(self.inference or "auto", state.model_path, served_name=state.model.name, **self._server_options(state))
+            kind = self._inference_kind()
+            return make_server(kind, state.model_path, served_name=state.model.name, **self._server_options(state, lora=kind == "vllm"))
         from ..inference.vllm_server import vllm_python
 
         if vllm_python() is None:
@@ -231,11 +246,61 @@ class LocalBackend:
             server.gate.policy = name  # type: ignore[attr-defined]
         state.served.serve(step)
 
-    def _server_options(self, state: _Registered) -> dict[str, Any]:
-        """``server_options`` plus the model's reply parsers (its own settings win)."""
+    def _server_options(self, state: _Registered, *, lora: bool = False) -> dict[str, Any]:
+        """``server_options`` plus the model's reply parsers (its own settings win); with ``lora`` (a vLLM serving
+        adapters) vLLM's LoRA limits derived from the model (:meth:`_vllm_lora_options`) unless ``server_options`` set them."""
         model = state.model
         dtype = {} if self.dtype == "auto" else {"dtype": self.dtype}
-        return {**dtype, **self.server_options, "tool_call_parser": model.tool_call_parser, "reasoning_parser": model.reasoning_parser}
+        derived = self._vllm_lora_options(state) if lora else {}
+        return {**dtype, **derived, **self.server_options, "tool_call_parser": model.tool_call_parser, "reasoning_parser": model.reasoning_parser}
+
+    def _inference_kind(self) -> str:
+        """``"vllm"`` or ``"transformers"`` (``"auto"``: vLLM when its runtime is installed)."""
+        if self.inference == "auto":
+            return "vllm" if self.serve_merged or vllm_python() is not None else "transformers"
+        return self.inference or "vllm"
+
+    def _vllm_lora_options(self, state: _Registered) -> dict[str, Any]:
+        """vLLM's ``max_lora_rank``: the model's LoRA rank rounded up to one vLLM accepts (a rank it cannot serve
+        is a :class:`ConfigError` here, not a refused hot-load after the first step); ``max_loras``: the
+        policies served at once (:func:`~tracerl.train.memory_plan.vllm_max_loras`)."""
+        rank = _lora_rank(state.model)
+        return {"max_lora_rank": vllm_lora_rank(rank), "max_loras": vllm_max_loras()}
+
+    def _plan_settings(self, state: _Registered) -> PlanSettings:
+        """The memory plan's settings of this backend and ``state``'s model (:mod:`tracerl.train.memory_plan`)."""
+        values = lora_values(state.model.lora_config)
+        device = self.device or default_device()
+        options = self.server_options
+        inference = None if self.inference is None else self._inference_kind()
+        micro = self.micro_batch_tokens
+        return PlanSettings(
+            device="cuda" if str(device).startswith("cuda") else "cpu", lora_rank=_lora_rank(state.model),
+            target_modules=tuple(values.get("target_modules") or DEFAULT_TARGETS), seq_len=self.max_seq_len or micro,
+            micro_batch_tokens=micro, dtype=self.dtype, gradient_checkpointing=self.gradient_checkpointing is True or self.gradient_checkpointing == 1,
+            inference=inference, gpu_memory_utilization=options.get("gpu_memory_utilization") or 0.9,
+            tensor_parallel_size=options.get("tensor_parallel_size"), max_loras=options.get("max_loras") or vllm_max_loras(),
+            max_model_len=options.get("max_model_len") or 4096, kv_cache_memory_bytes=options.get("kv_cache_memory_bytes"),
+            sleep=options.get("sleep_while_training"),
+        )  # fmt: skip
+
+    def _check_memory_plan(self, state: _Registered) -> None:
+        """Before anything loads: the run's memory plan must fit its device (``PlanDoesNotFitError`` with the plan's table).
+
+        A model folder without a ``config.json``, or one the plan cannot read (a configuration it does not know), is
+        left to the loader's own checks, with a warning."""
+        if not (state.model_path / "config.json").is_file():
+            return
+        settings = self._plan_settings(state)
+        try:
+            result = check_at_register(state.model_path, settings)
+        except PlanDoesNotFitError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the plan is a check before the load, never a new way to fail it
+            log.warning("no memory plan for %s (%s: %s); loading without it", state.model.name, type(error).__name__, error)
+            return
+        log.info("memory plan of %s: trainer peak %.2f GiB, with inference %.2f GiB of %.2f GiB",
+                 state.model.name, result.trainer_peak / 2**30, result.peak / 2**30, result.capacity / 2**30)  # fmt: skip
 
     async def _reload_merged(self, state: _Registered, step: int, trainer: "LoRATrainer", policy: str) -> None:
         """Write the trainer's policy as a full model and have vLLM reload it in place; keep only that copy."""
@@ -275,9 +340,9 @@ class LocalBackend:
             options: dict[str, Any] = dict(lora=LoRASettings.from_dict(state.model.lora_config), adapter_path=adapter,
                                            device=self.device, dtype=None if self.dtype == "auto" else self.dtype)
             if self.train_workers > 1:
-                from ..cluster.data_parallel import TorchrunLoRATrainer
+                from ..cluster.data_parallel import PersistentLoRATrainer
 
-                state.trainer = TorchrunLoRATrainer(state.model_path, workers=self.train_workers, **options)
+                state.trainer = PersistentLoRATrainer(state.model_path, workers=self.train_workers, **options)
             else:
                 state.trainer = LoRATrainer(state.model_path, gradient_checkpointing=self.gradient_checkpointing, **options)
         return state.trainer
@@ -316,6 +381,7 @@ class LocalBackend:
                 if state.merged_dir is not None:
                     shutil.rmtree(state.merged_dir, ignore_errors=True)
                     state.merged_dir = None
+                getattr(state.trainer, "close", lambda: None)()  # data-parallel ranks: stopped now, not when collected
                 state.trainer = None
             finally:
                 state.lock.release()
@@ -508,9 +574,9 @@ class LocalBackend:
         config.schedule(len(batches(list(range(len(run.train))), config.resolved_batch_size, config.epochs, False, 0)))  # a wrong list: before loading
         step = (state.run_dir.latest_step() or 0) + 1
         pad = tokenizer.pad_token_id or 0
-        trainer = await asyncio.to_thread(self._trainer, state)
         try:
-            async with self._paused_for_step(state):
+            async with self._paused_for_step(state):  # vLLM asleep first, as for a GRPO step
+                trainer = await asyncio.to_thread(self._trainer, state)
                 metrics = await asyncio.to_thread(run_sft, trainer, run, config, max_tokens=self.micro_batch_tokens, pad_token_id=pad)
             metrics["step_seconds"] = time.monotonic() - started
             await asyncio.to_thread(commit, state.run_dir, step, trainer, metrics)
@@ -532,9 +598,9 @@ class LocalBackend:
         any other error drops it too (it may have stopped half-way through an update).  Serving
         resumes either way.
         """
-        trainer = await asyncio.to_thread(self._trainer, state)
         try:
-            async with self._paused_for_step(state):
+            async with self._paused_for_step(state):  # vLLM asleep first: a trainer (re)loaded after a resume gets its memory
+                trainer = await asyncio.to_thread(self._trainer, state)
                 metrics.update(await asyncio.to_thread(self._run_step, trainer, sequences, config, state))
             return True
         except MismatchError:
@@ -756,6 +822,7 @@ async def _serving_paused(server: Any) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await asyncio.to_thread(release_cached_gpu_memory)  # before the wake: vLLM re-allocates from the driver
         await resume()
 
 
