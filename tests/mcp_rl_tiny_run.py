@@ -2,7 +2,7 @@
 
 ``examples/mcp_rl_calculator.py`` and ``examples/mcp_rl_time_checked.py`` share their loop, so
 their real-model tests share this: run the example as a user would (a subprocess, the
-transformers server, seed 3), one GRPO step on 2 tasks × 2 attempts with a held-out eval at
+transformers server, seed 3), one GRPO step on 2 tasks × 2 attempts with a held-out eval (1 task) at
 step 0, then check what the run left on disk: checkpoint 0001, the history rows, the four
 judged trajectories (token ids captured, the shaped reward's metrics) and the reward curve.
 """
@@ -22,7 +22,7 @@ def run_one_step(script: str, tmp_path: Path, *, run_name: str, judge: str, extr
     """Run ``examples/<script>`` for one step, assert the shared outcome, return the step's trajectories."""
     args = [
         sys.executable, str(EXAMPLES / script), "--steps", "1", "--groups-per-step", "2", "--rollouts", "2",
-        "--val-tasks", "2", "--eval-every", "100", "--inference", "transformers",
+        "--val-tasks", "1", "--eval-every", "100", "--inference", "transformers",
         "--data", str(tmp_path / "data"), "--plot", str(tmp_path / "curve.png"), "--seed", "3", *(extra or []),
     ]  # fmt: skip
     out = subprocess.run(args, capture_output=True, text=True, timeout=900)

@@ -53,7 +53,7 @@ def test_lines_moves_and_rewards_follow_the_rules():
 @pytest.mark.real_model
 def test_games_are_multi_turn_sampled_trajectories_and_a_step_trains(tmp_path, capsys):
     t = _example()
-    out, run, games = _train(t, tmp_path, capsys, ["--steps", "1", "--groups", "2", "--rollouts", "4", "--val-games", "2"], "tictactoe", 1)
+    out, run, games = _train(t, tmp_path, capsys, ["--steps", "1", "--groups", "2", "--rollouts", "4", "--val-games", "1"], "tictactoe", 1)
     assert "step 1: reward" in out
     assert len(games) == 8
     for game in games:
@@ -89,7 +89,7 @@ def test_2048_slides_merges_and_scores_as_the_game_does():
 @pytest.mark.real_model
 def test_2048_games_are_sampled_turns_and_a_step_trains(tmp_path, capsys):
     g = _example("game_2048")
-    out, _, games = _train(g, tmp_path, capsys, ["--steps", "1", "--groups", "1", "--rollouts", "4", "--val-games", "2"], "game2048", 1)
+    out, _, games = _train(g, tmp_path, capsys, ["--steps", "1", "--groups", "1", "--rollouts", "4", "--val-games", "1"], "game2048", 1)
     assert "step 1: reward" in out
     assert len(games) == 4
     for game in games:
@@ -209,7 +209,7 @@ def test_autorl_generates_inputs_judges_with_ruler_and_trains(tmp_path, capsys):
                                                ("codenames", "codenames", ("both", "one", "none", "assassin", "invalid"))])  # fmt: skip
 def test_sft_then_a_grpo_step_with_a_checked_reward(tmp_path, capsys, name, run, outcomes):
     m = _example(name)
-    argv = ["--steps", "2", "--sft-examples", "8", "--groups", "1", "--rollouts", "4", "--val-games", "2"]
+    argv = ["--steps", "2", "--sft-examples", "8", "--groups", "1", "--rollouts", "4", "--val-games", "1"]
     out, run_dir, answers = _train(m, tmp_path, capsys, argv, run, 2)
     assert "step 1: SFT on 8" in out and "step 2: reward" in out
     assert len(answers) == 4

@@ -2,8 +2,9 @@
 cluster, each taken by two data-parallel (gloo) workers, the rollouts as Ray tasks, and afterwards
 both replicas serve ``name@2`` (issue 12's acceptance line).
 
-The model is the tiny random Llama in the light suite and the real SmolLM2-135M in the
-``real_model`` run; the adapters travel trainer node → object store → replicas.
+The model is the tiny random Llama in ``make test``; ``TRACERL_FULL=1`` (``make test-long``) also
+runs the real SmolLM2-135M (the same code path, a real model's weights and tokenizer).  The
+adapters travel trainer node → object store → replicas.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ ray = pytest.importorskip("ray")
 import ray_rollout_agents as agents  # noqa: E402
 
 import tracerl  # noqa: E402
+from suite_size import FULL  # noqa: E402
 from tracerl.cluster.ray_backend import RayBackend  # noqa: E402
 from tracerl.cluster.ray_replicas import RayReplicas  # noqa: E402
 from tracerl.cluster.ray_rollouts import RayRollouts  # noqa: E402
@@ -22,7 +24,7 @@ from tracerl.cluster.ray_rollouts import RayRollouts  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(agents)
 
 
-@pytest.mark.parametrize("base", ["tiny_llama", pytest.param("smol_path", marks=pytest.mark.real_model)])
+@pytest.mark.parametrize("base", ["tiny_llama", *([pytest.param("smol_path", marks=pytest.mark.real_model)] if FULL else [])])
 async def test_two_steps_on_the_trainer_actor_then_both_replicas_serve_name_at_2(ray_cluster, base, request, tmp_path):
     model_folder = request.getfixturevalue(base)  # the base model folder (the same path on both nodes)
     replicas = RayReplicas(model_folder, replicas=2, num_cpus=1, served_name="agent", server_options={"num_threads": 1})
