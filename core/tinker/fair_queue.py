@@ -1,13 +1,20 @@
-"""One compute thread shared fairly: each tenant's operations in order, the tenants served in turn.
+"""Shared capacity served fairly: each tenant's work in order, the tenants served in turn.
 
-A tenant that queues 50 training operations does not make the next tenant wait for all 50:
-the thread takes one operation from each tenant with work, round-robin, so another tenant's
-next operation starts after at most one operation of each other tenant (fairness by order, not
-by a timer).  Within a tenant, operations run in the order they were submitted.
+:class:`FairQueue` is the one compute thread training shares.  A tenant that queues 50 training
+operations does not make the next tenant wait for all 50: the thread takes one operation from
+each tenant with work, round-robin, so another tenant's next operation starts after at most one
+operation of each other tenant (fairness by order, not by a timer).  Within a tenant,
+operations run in the order they were submitted.
+
+:class:`FairGate` is the same rule for work that runs on the event loop (sampling): at most
+``slots`` holders at once, a freed slot goes to the waiting tenant holding the fewest (then the
+one served least recently), and each tenant may have at most ``max_queued_per_tenant`` requests
+admitted or waiting (more: 429).
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 from collections import deque
@@ -16,7 +23,12 @@ from typing import Any
 
 
 class QueueFullError(RuntimeError):
-    """A tenant has as many operations queued as it may (answered 429: the SDK waits and resubmits)."""
+    """A tenant has as many operations queued as it may, or a table of its is full (answered 429 with
+    ``Retry-After: retry_after`` seconds: the SDK waits that long and resubmits)."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class FairQueue:
@@ -77,3 +89,65 @@ class FairQueue:
                     future.set_result(work())
                 except BaseException as error:  # noqa: BLE001 - the caller's future carries it
                     future.set_exception(error)
+
+
+class FairGate:
+    """At most ``slots`` requests hold the gate at once; a freed slot goes to the waiting tenant that
+    holds the fewest slots, among those the one admitted least recently (round-robin), each
+    tenant's requests in the order they came.  Event-loop only.
+
+    ``enter`` reserves a place (or raises :class:`QueueFullError` when the tenant already has
+    ``max_queued_per_tenant`` requests admitted or waiting) and returns a future that is done when
+    the request holds a slot; every ``enter`` is paired with one ``leave``, admitted or not."""
+
+    def __init__(self, *, slots: int, max_queued_per_tenant: int) -> None:
+        if slots < 1 or max_queued_per_tenant < 1:
+            raise ValueError(f"slots and max_queued_per_tenant must be >= 1, got {slots} and {max_queued_per_tenant}")
+        self.slots, self.max_queued = slots, max_queued_per_tenant
+        self.waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        self.holding: dict[str, int] = {}  # admitted requests per tenant
+        self.admitted_at: dict[str, int] = {}  # the admission count when each tenant last got a slot
+        self.admissions = 0
+        self.busy = 0
+
+    def pending(self, tenant: str) -> int:
+        """The tenant's requests admitted or waiting."""
+        return self.holding.get(tenant, 0) + len(self.waiting.get(tenant, ()))
+
+    def enter(self, tenant: str) -> asyncio.Future[None]:
+        if self.pending(tenant) >= self.max_queued:
+            raise QueueFullError(f"{self.pending(tenant)} sampling requests of yours are running or waiting (the most allowed): wait for some to finish")
+        ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(tenant, deque()).append(ticket)
+        self._admit()
+        return ticket
+
+    def leave(self, tenant: str, ticket: asyncio.Future[None]) -> None:
+        if ticket.done() and not ticket.cancelled():
+            self.busy -= 1
+            self.holding[tenant] -= 1
+            if not self.holding[tenant]:
+                del self.holding[tenant]
+        else:  # left before its turn (its caller gave up)
+            ticket.cancel()
+            queue = self.waiting.get(tenant)
+            if queue is not None and ticket in queue:
+                queue.remove(ticket)
+                if not queue:
+                    del self.waiting[tenant]
+        self._admit()
+
+    def _admit(self) -> None:
+        while self.busy < self.slots and self.waiting:
+            tenant = min(self.waiting, key=lambda t: (self.holding.get(t, 0), self.admitted_at.get(t, -1)))
+            queue = self.waiting[tenant]
+            ticket = queue.popleft()
+            if not queue:
+                del self.waiting[tenant]
+            if ticket.cancelled():  # its caller gave up; its leave() finds it gone
+                continue
+            self.busy += 1
+            self.holding[tenant] = self.holding.get(tenant, 0) + 1
+            self.admissions += 1
+            self.admitted_at[tenant] = self.admissions
+            ticket.set_result(None)

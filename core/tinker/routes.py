@@ -5,13 +5,17 @@ reads; ``forward_backward`` and sampling results are protobuf (:mod:`tracerl.tin
 Long operations answer ``{"request_id"}`` at once; the SDK polls ``retrieve_future``, held
 open up to the service's long-poll window, then ``try_again``.  Failures inside a future
 come back as ``{"error", "category"}`` (the SDK's ``RequestFailedError``); a bad request
-before it is queued as 400 ``{"detail"}`` (``BadRequestError``), an unknown id as 404, a
-wrong key as 401 (``AuthenticationError``).  Every route but ``healthz`` needs the server's
-key in ``X-API-Key`` (the SDK's header; keys start with ``tml-``).
+before it is queued as 400 ``{"detail"}`` (``BadRequestError``), an unknown id — or another
+tenant's, answered the same — as 404, a wrong key as 401 (``AuthenticationError``), a full
+queue or table as 429 with ``Retry-After`` (the SDK waits and resubmits).  Every route but
+``healthz`` needs the server's key in ``X-API-Key`` (the SDK's header; keys start with ``tml-``).
+``GET /api/v1/tracerl/stats`` (tracerl's own) gives the limits, the caller's counts and the
+sampler's adapter counts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,9 +37,9 @@ ADAM_KEYS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_cli
 
 
 class HTTPFailure(Exception):
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
-        self.status, self.detail = status, detail
+        self.status, self.detail, self.headers = status, detail, headers
 
 
 def install(app: FastAPI, service: TinkerService, *, token: str | None) -> None:
@@ -70,6 +74,10 @@ def install(app: FastAPI, service: TinkerService, *, token: str | None) -> None:
     async def capabilities() -> dict[str, Any]:
         offered = types.SupportedModel(model_name=service.model_name, max_context_length=service.max_context_length, trainable=True, sampleable=True)
         return types.GetServerCapabilitiesResponse(supported_models=[offered]).model_dump(mode="json")
+
+    @router.get(f"{API}/tracerl/stats")
+    async def stats(who: str = Depends(tenant)) -> dict[str, Any]:
+        return service.stats(who)
 
     @router.post(f"{API}/telemetry")
     async def telemetry() -> dict[str, str]:
@@ -233,7 +241,7 @@ def _translated(error: Exception) -> Exception:
     if isinstance(error, Forbidden):
         return HTTPFailure(403, str(error))
     if isinstance(error, QueueFullError):
-        return HTTPFailure(429, str(error))
+        return HTTPFailure(429, str(error), {"Retry-After": str(max(1, math.ceil(error.retry_after)))})
     if isinstance(error, (ConfigError, TracerlError, ValueError, TypeError)):
         return HTTPFailure(400, f"{type(error).__name__}: {error}")
     return error
@@ -251,4 +259,4 @@ def _future(result: Result, model_id: str | None = None) -> dict[str, Any]:
 
 
 async def _failure_response(_request: Request, failure: HTTPFailure) -> JSONResponse:
-    return JSONResponse({"detail": failure.detail}, status_code=failure.status)
+    return JSONResponse({"detail": failure.detail}, status_code=failure.status, headers=failure.headers)
