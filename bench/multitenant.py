@@ -5,9 +5,11 @@ LoRA r16, 2 groups x 8 rollouts per step, lr 1e-4); model ``i`` uses the demo's 
 ``i`` on both sides, and every model takes the same number of steps.
 
 * ``shared``: one ``tracerl serve --tinker`` process.  Four tenants (one key each) with one model
-  each, trained in turn through :class:`tracerl.TinkerBackend` from one client process.  The
-  service trains all four as peft adapters of one copy of the base and samples them all from
-  one transformers server holding every saved LoRA.
+  each, trained at once through :class:`tracerl.TinkerBackend` from one client process (each
+  round, every model's step concurrently: the service trains one at a time, its sampler decodes
+  every tenant's rollouts in the same forward passes).  The service trains all four as peft
+  adapters of one copy of the base and samples them all from one transformers server holding
+  every saved LoRA.
 * ``separate``: four LocalBackends configured as the demo configures one (vLLM serving the merged
   policy, reloaded after each step; the trainer in the process), each in a process of its own.
   They run one after another: four at once would need the sum of their peaks, and that sum is
@@ -16,12 +18,20 @@ LoRA r16, 2 groups x 8 rollouts per step, lr 1e-4); model ``i`` uses the demo's 
 Per side: peak memory of the whole process tree (the worker and every descendant, sampled every
 0.2 s; PSS, which splits shared pages, and the RSS sum, which counts them once per process),
 set-up (servers started, models registered), step time (rollouts + train + the new weights
-served; of it, ``backend.train``'s), steps per hour (3600 / the median step), and decode speed per model: after training,
+served; of it, ``backend.train``'s), steps per hour of all the models together (shared: the steps
+over the wall time of the rounds; separate, run in turn: 3600 / the median step), and decode speed per model: after training,
 ``--decode-requests`` requests of ``--decode-tokens`` tokens (T=1, one at a time, a short prompt)
 to each model's newest weights through its OpenAI endpoint, median tokens/s; % of the matmul
 ceiling at 2·P FLOPs per token (``bench/ceiling.py``, measured before each worker).
 
-    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/multitenant.py --json bench/results/multitenant.json   (make bench-multitenant)
+Shared sampling (the shared side only; issue 45's acceptance): through the ``tinker`` SDK, each
+tenant's newest weights sample groups of ``--group`` rows (``num_samples``, one prompt, T=1,
+``--sample-tokens`` tokens) ``--sample-requests`` times in a row; ``alone``: tenant 0 by itself;
+``together``: all the tenants at once.  Aggregate sampled tokens/s of each, alternated
+``--sample-rounds`` times on the same service (the first ``alone`` after a warm-up request).
+
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/multitenant.py --json bench/results/multitenant.json   (make bench-multitenant, ~22 min)
+    flock /tmp/tracerl-heavy.lock .venv/bin/python bench/multitenant.py --shared-only --json /tmp/shared.json     (the service side: ~14 min)
     .venv/bin/python bench/multitenant.py --table-only --json bench/results/multitenant.json
 """
 
@@ -115,10 +125,14 @@ async def shared_worker(args: argparse.Namespace, data: Path) -> dict[str, Any]:
             models.append((model, backend, dargs))
         setup = time.monotonic() - started
         seconds: dict[int, list[tuple[float, float]]] = {i: [] for i in range(args.models)}
-        for step in range(args.steps):  # in turn: every model's step 1, then every model's step 2, ...
-            for i, (model, backend, dargs) in enumerate(models):
-                seconds[i].append(await one_step(model, backend, dargs, step))
+        rounds_started = time.monotonic()
+        for step in range(args.steps):  # every model's step 1 at once, then every model's step 2, ...
+            done = await asyncio.gather(*(one_step(model, backend, dargs, step) for model, backend, dargs in models))
+            for i, result in enumerate(done):
+                seconds[i].append(result)
+        rounds_s = time.monotonic() - rounds_started
         decode = [await decode_speed(model, args.decode_requests, args.decode_tokens) for model, _, _ in models]
+        sampling = await shared_sampling(models, args)
         served_by = sorted({model.inference_base_url for model, _, _ in models})
         processes = 1 + len(psutil.Process().children(recursive=True))
         for _, backend, _ in models:
@@ -126,7 +140,42 @@ async def shared_worker(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     finally:
         server.terminate()
         server.wait(60)
-    return {"setup_s": setup, "step_s": seconds, "decode": decode, "served_by": served_by, "processes": processes}
+    return {"setup_s": setup, "step_s": seconds, "rounds_s": rounds_s, "decode": decode, "sampling": sampling,
+            "served_by": served_by, "processes": processes}  # fmt: skip
+
+
+async def shared_sampling(models: list[tuple[Any, Any, argparse.Namespace]], args: argparse.Namespace) -> dict[str, Any]:
+    """Tenant 0 sampling alone vs every tenant sampling at once, groups of ``args.group`` rows, alternated."""
+    from tinker import types
+
+    samplers = []
+    for model, backend, _ in models:
+        training = backend.clients[model.project, model.name]
+        samplers.append(await training.save_weights_and_get_sampling_client_async())
+    tokenizer = models[0][1].tokenizers[models[0][0].project, models[0][0].name]
+    prompt = types.ModelInput.from_ints(list(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True, return_dict=False)))
+    seeds = iter(range(10**6))
+
+    async def tenant(sampler: Any) -> int:
+        tokens = 0
+        for _ in range(args.sample_requests):
+            params = types.SamplingParams(max_tokens=args.sample_tokens, temperature=1.0, seed=next(seeds))
+            response = await sampler.sample_async(prompt=prompt, num_samples=args.group, sampling_params=params)
+            tokens += sum(len(sequence.tokens) for sequence in response.sequences)
+        return tokens
+
+    async def timed(group: list[Any]) -> dict[str, float]:
+        started = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(tenant(sampler) for sampler in group)))
+        wall = time.perf_counter() - started
+        return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall}
+
+    await samplers[0].sample_async(prompt=prompt, num_samples=args.group, sampling_params=types.SamplingParams(max_tokens=4, seed=0))  # warm-up
+    rounds = []
+    for _ in range(args.sample_rounds):
+        rounds.append({"alone": await timed(samplers[:1]), "together": await timed(samplers)})
+    return {"tenants": len(samplers), "group": args.group, "requests": args.sample_requests, "max_tokens": args.sample_tokens,
+            "prompt_tokens": prompt.length, "rounds": rounds}  # fmt: skip
 
 
 async def one_step(model: Any, backend: Any, dargs: argparse.Namespace, step: int) -> tuple[float, float]:
@@ -181,7 +230,9 @@ def run_worker(args: argparse.Namespace, side: str) -> dict[str, Any]:
 
     ceiling = measure_ceiling()
     command = [sys.executable, os.path.abspath(__file__), "--worker", side, "--models", str(args.models), "--steps", str(args.steps),
-               "--decode-requests", str(args.decode_requests), "--decode-tokens", str(args.decode_tokens)]  # fmt: skip
+               "--decode-requests", str(args.decode_requests), "--decode-tokens", str(args.decode_tokens), "--group", str(args.group),
+               "--sample-requests", str(args.sample_requests), "--sample-tokens", str(args.sample_tokens),
+               "--sample-rounds", str(args.sample_rounds)]  # fmt: skip
     print(f"running {side} ...", flush=True)
     started = time.monotonic()
     with tempfile.TemporaryFile(mode="w+") as log:
@@ -209,6 +260,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The two sides' rows: the separate workers summed (memory, set-up) or pooled (steps, decode)."""
     rows = {}
     for label, members in (("shared", [r for r in runs if r["side"] == "shared"]), ("separate", [r for r in runs if r["side"] != "shared"])):
+        if not members:  # --shared-only
+            continue
         steps = [s for r in members for seconds in r["step_s"].values() for s, _ in seconds]
         train = [t for r in members for seconds in r["step_s"].values() for _, t in seconds]
         decode = [d["decode_tok_s"] for r in members for d in r["decode"]]
@@ -222,10 +275,25 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "step_s_median": statistics.median(steps),
             "step_s_range": [min(steps), max(steps)],
             "train_s_median": statistics.median(train),
-            "steps_per_hour": 3600 / statistics.median(steps),
+            "steps_per_hour": (len(steps) * 3600 / sum(r["rounds_s"] for r in members)) if label == "shared" else 3600 / statistics.median(steps),
             "decode_tok_s": decode,
             "decode_percent_of_ceiling": 100 * statistics.median(decode) * GFLOP_PER_TOKEN / ceiling,
             "ceiling_gflops": ceiling,
+        }
+    shared = next(r for r in runs if r["side"] == "shared")
+    if shared.get("sampling"):
+        sampling = shared["sampling"]
+        alone = [r["alone"] for r in sampling["rounds"]]
+        together = [r["together"] for r in sampling["rounds"]]
+        rate = {k: sum(r["tokens"] for r in v) / sum(r["seconds"] for r in v) for k, v in (("alone", alone), ("together", together))}
+        rows["sampling"] = {
+            "alone_tok_s": rate["alone"],
+            "together_tok_s": rate["together"],
+            "speedup": rate["together"] / rate["alone"],
+            "alone_rounds_tok_s": [r["tok_s"] for r in alone],
+            "together_rounds_tok_s": [r["tok_s"] for r in together],
+            "alone_percent_of_ceiling": 100 * rate["alone"] * GFLOP_PER_TOKEN / shared["ceiling_gflops"],
+            "together_percent_of_ceiling": 100 * rate["together"] * GFLOP_PER_TOKEN / shared["ceiling_gflops"],
         }
     return rows
 
@@ -238,6 +306,8 @@ def table(result: dict[str, Any]) -> str:
     ]
     n = result["settings"]["models"]
     for label, name in (("shared", f"{n} models, one `tracerl serve --tinker`"), ("separate", f"{n} LocalBackends (sum)")):
+        if label not in rows:
+            continue
         r = rows[label]
         decode = r["decode_tok_s"]
         lines.append(
@@ -245,22 +315,47 @@ def table(result: dict[str, Any]) -> str:
             f"| {r['step_s_median']:.0f} s [{r['step_s_range'][0]:.0f}–{r['step_s_range'][1]:.0f}] | {r['train_s_median']:.0f} s | {r['steps_per_hour']:.0f} "
             f"| {statistics.median(decode):.1f} [{min(decode):.1f}–{max(decode):.1f}] | {r['decode_percent_of_ceiling']:.1f}% |"
         )
-    shared, separate = rows["shared"], rows["separate"]
+    shared, separate = rows["shared"], rows.get("separate")
     lines.append("")
-    lines.append(
-        f"Shared/separate: memory {shared['peak_pss_mb'] / separate['peak_pss_mb']:.2f}× (PSS), steps/hour "
-        f"{shared['steps_per_hour'] / separate['steps_per_hour']:.2f}×, decode per model "
-        f"{statistics.median(shared['decode_tok_s']) / statistics.median(separate['decode_tok_s']):.2f}×."
-    )
+    if separate is not None:
+        lines.append(
+            f"Shared/separate: memory {shared['peak_pss_mb'] / separate['peak_pss_mb']:.2f}× (PSS), steps/hour "
+            f"{shared['steps_per_hour'] / separate['steps_per_hour']:.2f}×, decode per model "
+            f"{statistics.median(shared['decode_tok_s']) / statistics.median(separate['decode_tok_s']):.2f}×."
+        )
+    if "sampling" in rows:
+        lines += ["", sampling_table(result)]
+    return "\n".join(lines)
+
+
+def sampling_table(result: dict[str, Any]) -> str:
+    """Shared sampling: one tenant alone vs every tenant at once, on the same service."""
+    rows = result["summary"]["sampling"]
+    sampling = next(r for r in result["runs"] if r["side"] == "shared")["sampling"]
+    what = f"groups of {sampling['group']} rows × {sampling['max_tokens']} tokens, {sampling['requests']} requests a tenant, {len(sampling['rounds'])} rounds"
+    lines = [
+        f"| sampling ({what}) | aggregate tok/s [rounds] | % ceiling |",
+        "|---|---:|---:|",
+        f"| 1 tenant alone | {rows['alone_tok_s']:.1f} [{', '.join(f'{v:.1f}' for v in rows['alone_rounds_tok_s'])}] | {rows['alone_percent_of_ceiling']:.1f}% |",
+        f"| {sampling['tenants']} tenants at once | {rows['together_tok_s']:.1f} [{', '.join(f'{v:.1f}' for v in rows['together_rounds_tok_s'])}] "
+        f"| {rows['together_percent_of_ceiling']:.1f}% |",
+        "",
+        f"{sampling['tenants']} tenants at once / 1 alone: {rows['speedup']:.2f}× aggregate sampled tokens/s.",
+    ]
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=int, default=4)
-    p.add_argument("--steps", type=int, default=2, help="demo steps per model")
-    p.add_argument("--decode-requests", type=int, default=3)
+    p.add_argument("--steps", type=int, default=1, help="demo steps per model")
+    p.add_argument("--decode-requests", type=int, default=2)
     p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--group", type=int, default=8, help="rows a sampling request asks for (num_samples)")
+    p.add_argument("--sample-requests", type=int, default=2, help="sampling requests a tenant makes in a row, per round")
+    p.add_argument("--sample-tokens", type=int, default=64)
+    p.add_argument("--sample-rounds", type=int, default=2, help="alone/together rounds, alternated")
+    p.add_argument("--shared-only", action="store_true", help="the shared side only (no LocalBackends): ~5 min")
     p.add_argument("--json", default=None, help="write the raw results here (and read them with --table-only)")
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -272,7 +367,7 @@ def main() -> None:
         print(table(json.loads(Path(args.json).read_text())))
         return
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    runs = [run_worker(args, "shared")] + [run_worker(args, f"separate-{i}") for i in range(args.models)]
+    runs = [run_worker(args, "shared")] + ([] if args.shared_only else [run_worker(args, f"separate-{i}") for i in range(args.models)])
     result = {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "settings": vars(args) | {"json": None},
               "runs": runs, "summary": summarize(runs)}  # fmt: skip
     if args.json:

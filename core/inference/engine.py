@@ -1,8 +1,18 @@
 """The batched generation engine behind :class:`TransformersServer`.
 
-A worker thread takes queued jobs, waits a few milliseconds for more, groups them by adapter
-and decodes each group as one left-padded batch with a KV cache.  Finished rows are dropped
-from the batch and their request is answered at once.
+A worker thread decodes one batch of rows with a KV cache, one token per row per forward pass.
+Rows of different adapters (tenants) and of the base model share each forward: peft's per-row
+``adapter_names`` (``"__base__"`` for the base model) applies each row's own LoRA.  Jobs join a
+running batch at the next decode step while it has room (``max_batch_rows``): their prompts are
+prefilled in the same forward that decodes the running rows' next token (the running rows' slot
+of that forward is masked padding before their one real token), and a job's prompt is prefilled
+once for all its ``n`` samples (its cache row is then repeated).  Finished rows are dropped from
+the batch and their request is answered at once.  A batch takes no new jobs once its padding
+would more than double its longest row (:meth:`GenerationEngine._fits`); they start the next one.
+
+A row's adapter is resolved when its job joins; an adapter replaced or unloaded while rows
+still decode with it is deleted only after the last of them finishes.  The model lock is held
+one decode step at a time, so adapters load between steps (a waiting load goes first).
 
 Reported logprobs (and top logprobs) are those of the distribution each token was sampled
 from, vLLM's ``processed_logprobs``: ``log_softmax`` of the logits divided by the temperature,
@@ -18,6 +28,7 @@ greedy, and the trainer leaves greedy turns out of the policy loss.  Filtered to
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import inspect
@@ -107,9 +118,29 @@ class _Row:
     job: GenerationJob
     choice: int
     generator: Any
+    internal: str | None = None  # the peft adapter it decodes with (None: the base model)
+    released: bool = False  # done: no longer counted as using ``internal``
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    """The rows being decoded and their KV cache (``mask``: ``[rows, width]``, padding at 0)."""
+
+    rows: list[_Row] = field(default_factory=list)
+    cache: Any = None
+    mask: Any = None
+    last_positions: Any = None  # [rows, 1]: each row's position of its newest token in the cache
+    next_ids: list[int] = field(default_factory=list)  # each row's newest sampled token, fed next
+
+    @property
+    def width(self) -> int:
+        return 0 if self.mask is None else int(self.mask.shape[1])
+
+    def reset(self) -> None:
+        self.rows, self.cache, self.mask, self.last_positions, self.next_ids = [], None, None, None, []
 
 
 class GenerationEngine:
@@ -153,16 +184,23 @@ class GenerationEngine:
         self._cache_arg = "cache" if "cache" in forward_params else "past_key_values"  # renamed in transformers 5.x
         self._adapters: dict[str, str] = {}  # served name -> internal peft adapter name
         self._counter = itertools.count()
-        self._lock = threading.Lock()  # the model: one batch or one adapter change at a time
-        self._busy: set[str | None] = set()  # adapters of the batch being decoded
-        self._deferred: set[str] = set()  # adapters to delete once no batch uses them
+        self._lock = threading.Lock()  # the model: one decode step, scoring pass or adapter change at a time
+        self._counter_lock = threading.Lock()
+        self._lock_waiters = 0  # callers other than the worker waiting for the lock (they go first)
+        self._busy: collections.Counter[str] = collections.Counter()  # peft adapter -> rows decoding with it
+        self._deferred: set[str] = set()  # adapters to delete once no row uses them
         self._running = threading.Event()
         self._running.set()
         self._queue: queue.Queue[GenerationJob | None] = queue.Queue()
         self.max_batch_rows = max_batch_rows
         self.batch_wait_s = batch_wait_s
         self._worker: threading.Thread | None = None
-        self.stats = {"batches": 0, "rows": 0, "max_rows": 0, "tokens": 0}
+        self.stats = {"batches": 0, "rows": 0, "max_rows": 0, "tokens": 0, "forwards": 0, "joins": 0, "max_adapters": 0,
+                      "prompt_tokens": 0}
+        """``batches``: batches started empty; ``rows``: rows admitted; ``max_rows``: most rows in one forward;
+        ``joins``: jobs that joined a running batch; ``max_adapters``: most distinct adapters (the
+        base model counted as one) in one forward; ``prompt_tokens``: prompt tokens prefilled (once a job,
+        whatever its ``n``)."""
 
     # --- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -215,7 +253,7 @@ class GenerationEngine:
         if not (path / "adapter_config.json").exists():
             raise ConfigError(f"no peft adapter at {path} (adapter_config.json is missing)")
         internal = f"adapter{next(self._counter)}"  # peft module keys must not hold '.', '@' may vary
-        with self._lock:
+        with self._model_lock():
             if self._peft is None:
                 self._peft = PeftModel.from_pretrained(self._base, str(path), adapter_name=internal, is_trainable=False)
                 self._peft.eval()
@@ -227,14 +265,28 @@ class GenerationEngine:
                 self._delete(old)
 
     def unload_adapter(self, name: str) -> None:
-        with self._lock:
+        """Stop serving ``name``: jobs that have not started get an error; rows decoding with it finish
+        with it (the adapter is deleted after the last of them)."""
+        with self._model_lock():
             internal = self._adapters.pop(name)
             self._delete(internal)
+
+    @contextlib.contextmanager
+    def _model_lock(self) -> Iterator[None]:
+        """The model lock for a caller other than the worker, which lets it in at its next decode step."""
+        with self._counter_lock:
+            self._lock_waiters += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._counter_lock:
+                self._lock_waiters -= 1
 
     def _delete(self, internal: str) -> None:
         if internal in self._adapters.values():
             return
-        if internal in self._busy:
+        if self._busy[internal] > 0:
             self._deferred.add(internal)
             return
         if len(self._peft.peft_config) > 1:  # peft cannot drop its last adapter; it stays unused
@@ -251,54 +303,113 @@ class GenerationEngine:
         return job.future
 
     def _work(self) -> None:
+        """Admit queued jobs into the running batch at each decode step; run until stopped."""
+        batch = _Batch()
+        waiting: collections.deque[GenerationJob] = collections.deque()
+        stopping = False
         while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            jobs = [job]
-            rows = job.n
-            deadline = time.monotonic() + self.batch_wait_s
-            stop_after = False
-            while rows < self.max_batch_rows:
+            if not batch.rows and not waiting:
+                if stopping:
+                    return
+                job = self._queue.get()  # idle: wait for work, then a few ms for more to batch with it
+                if job is None:
+                    return
+                waiting.append(job)
+                deadline = time.monotonic() + self.batch_wait_s
+                rows = job.n
+                while rows < self.max_batch_rows:
+                    try:
+                        extra = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    if extra is None:
+                        stopping = True
+                        break
+                    waiting.append(extra)
+                    rows += extra.n
+            while not stopping:  # jobs that came while the batch decoded join at this step if they fit
                 try:
-                    extra = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    extra = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if extra is None:
-                    stop_after = True
-                    break
-                jobs.append(extra)
-                rows += extra.n
-            jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
-            for batch in self._plan(jobs):
+                    stopping = True
+                else:
+                    waiting.append(extra)
+            while self._lock_waiters:  # an adapter change or a scoring pass goes first
+                time.sleep(0.0005)
+            self._running.wait()  # paused: hold every row (and every new job) here, without the lock
+            with self._lock:
+                if not self._running.is_set():  # paused since: wait above
+                    continue
+                joining = self._admit(batch, waiting)
+                if not batch.rows and not joining:
+                    continue
                 try:
-                    with self._lock:
-                        self._generate(batch)
+                    self._step(batch, joining)
                 except BaseException as error:  # noqa: BLE001 - handed to the waiting requests
                     log.exception("generation failed")
-                    for failed in batch:
-                        if not failed.future.done():
-                            failed.future.set_exception(error)
-            if stop_after:
-                return
+                    for row in batch.rows + [row for _, rows in joining for row in rows]:
+                        if not row.job.future.done():
+                            row.job.future.set_exception(error)
+                    self._release(batch.rows + [row for _, rows in joining for row in rows])
+                    batch = _Batch()
 
-    def _plan(self, jobs: list[GenerationJob]) -> list[list[GenerationJob]]:
-        """Group by adapter (order kept), then cut each group to at most ``max_batch_rows`` rows."""
-        by_adapter: dict[str | None, list[GenerationJob]] = {}
-        for job in jobs:
-            by_adapter.setdefault(job.adapter, []).append(job)
-        batches: list[list[GenerationJob]] = []
-        for group in by_adapter.values():
-            current: list[GenerationJob] = []
-            rows = 0
-            for job in group:
-                if current and rows + job.n > self.max_batch_rows:
-                    batches.append(current)
-                    current, rows = [], 0
-                current.append(job)
-                rows += job.n
-            batches.append(current)
-        return batches
+    def _admit(self, batch: "_Batch", waiting: collections.deque[GenerationJob]) -> list[tuple[GenerationJob, list[_Row]]]:
+        """Take waiting jobs (in order) that fit into ``batch``, each with its rows (adapter resolved, marked busy)."""
+        import torch
+
+        joining: list[tuple[GenerationJob, list[_Row]]] = []
+        rows = len(batch.rows)
+        while waiting:
+            job = waiting[0]
+            empty = rows == 0
+            if not empty and (rows + job.n > self.max_batch_rows or not self._fits(batch, [j for j, _ in joining] + [job])):
+                break
+            waiting.popleft()
+            if not job.future.set_running_or_notify_cancel():  # cancelled while queued
+                continue
+            try:
+                internal = self._internal_for(job.adapter)
+            except ConfigError as error:  # unloaded while the job waited
+                job.future.set_exception(error)
+                continue
+            job_rows = []
+            for choice in range(job.n):
+                generator = torch.Generator(device=self.device)  # sampling happens where the logits are
+                seed = job.seed * 1_000_003 + choice if job.seed is not None else random.SystemRandom().getrandbits(63)
+                generator.manual_seed(seed % (2**63))
+                job_rows.append(_Row(job=job, choice=choice, generator=generator, internal=internal))
+                if internal is not None:
+                    self._busy[internal] += 1  # replaced or unloaded meanwhile: deleted after its last row
+            joining.append((job, job_rows))
+            rows += job.n
+        if joining:
+            self.stats["batches"] += 0 if batch.rows else 1
+            self.stats["joins"] += len(joining) if batch.rows else 0
+            self.stats["rows"] += sum(len(job_rows) for _, job_rows in joining)
+        return joining
+
+    def _fits(self, batch: "_Batch", jobs: list[GenerationJob]) -> bool:
+        """Whether ``jobs`` may join the running ``batch``: its cache (padding included) then spans at most
+        twice its longest row's tokens, plus 64 (a batch that takes no more empties and starts afresh)."""
+        width = batch.width + max(len(job.prompt_ids) for job in jobs)
+        longest = max([len(row.job.prompt_ids) + len(row.ids) for row in batch.rows] + [len(job.prompt_ids) for job in jobs])
+        return width <= 2 * longest + 64
+
+    def _release(self, rows: list[_Row]) -> None:
+        """Rows done (finished or failed): delete the adapters that waited for them."""
+        for row in rows:
+            if row.released:
+                continue
+            row.released = True
+            if row.internal is not None:
+                self._busy[row.internal] -= 1
+                if self._busy[row.internal] <= 0:
+                    del self._busy[row.internal]
+        for pending in [i for i in self._deferred if self._busy[i] <= 0]:
+            self._deferred.discard(pending)
+            self._delete(pending)
 
     # --- generation ------------------------------------------------------------------
     def _internal_for(self, adapter: str | None) -> str | None:
@@ -311,11 +422,8 @@ class GenerationEngine:
 
     @contextlib.contextmanager
     def _selected(self, internal: str | None) -> Iterator[Any]:
-        """The module to call with adapter ``internal`` active (None: the base model), for one step.
-
-        Chosen again at every decode step because adapters may be loaded while generation is
-        paused (and the first load wraps the base model with peft in place).
-        """
+        """The module to call with adapter ``internal`` active (None: the base model), for one pass
+        (:meth:`prompt_logprobs`; decoding names each row's adapter instead)."""
         if self._peft is None:
             yield self._base
         elif internal is None:
@@ -327,7 +435,7 @@ class GenerationEngine:
             yield self._peft
 
     def _wait_while_paused(self) -> None:
-        """Called with the model lock held: release it while paused so adapters can be loaded."""
+        """Called with the model lock held (a scoring pass): release it while paused so adapters can be loaded."""
         if self._running.is_set():
             return
         self._lock.release()
@@ -336,77 +444,89 @@ class GenerationEngine:
         finally:
             self._lock.acquire()
 
-    def _generate(self, jobs: list[GenerationJob]) -> None:
+    def _step(self, batch: "_Batch", joining: list[tuple[GenerationJob, list[_Row]]]) -> None:
+        """One forward: each running row's next token, and the prompts of the ``joining`` jobs (one cache
+        row per job, repeated for its samples); then sample every row, answer and drop the finished ones."""
         import torch
 
-        rows: list[_Row] = []
-        for job in jobs:
-            for choice in range(job.n):
-                generator = torch.Generator(device=self.device)  # sampling happens where the logits are
-                seed = job.seed * 1_000_003 + choice if job.seed is not None else random.SystemRandom().getrandbits(63)
-                generator.manual_seed(seed % (2**63))
-                rows.append(_Row(job=job, choice=choice, generator=generator))
-        internal = self._internal_for(jobs[0].adapter)
-        self._busy.add(internal)  # replaced or unloaded meanwhile: deleted only after this batch
-        try:
-            self._decode(rows, internal)
-        finally:
-            self._busy.discard(internal)
-            for pending in [i for i in self._deferred if i not in self._busy]:
-                self._deferred.discard(pending)
-                self._delete(pending)
-
-    def _decode(self, rows: list[_Row], internal: str | None) -> None:
-        import torch
-
-        self.stats["batches"] += 1
-        self.stats["rows"] += len(rows)
-        self.stats["max_rows"] = max(self.stats["max_rows"], len(rows))
-        width = max(len(row.job.prompt_ids) for row in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            prompt = row.job.prompt_ids
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         device = self.device
-        input_ids, mask, positions = input_ids.to(device), mask.to(device), positions.to(device)
-        cache = None
+        running = len(batch.rows)
+        prompts = [job.prompt_ids for job, _ in joining]
+        width = max([1 if running else 0] + [len(prompt) for prompt in prompts])  # the new positions of this pass
+        size = running + len(prompts)
+        input_ids = torch.full((size, width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((size, width), dtype=torch.long)
+        for i in range(running):  # masked padding, then the row's one real token
+            input_ids[i, -1] = batch.next_ids[i]
+            new_mask[i, -1] = 1
+        for j, prompt in enumerate(prompts):  # left-padded prompts
+            input_ids[running + j, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            new_mask[running + j, width - len(prompt) :] = 1
+        positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
+        input_ids, new_mask, positions = input_ids.to(device), new_mask.to(device), positions.to(device)
+        if running:
+            positions[:running] = batch.last_positions + 1  # padding's positions do not matter
+        mask = new_mask
+        if batch.cache is not None:
+            old_mask = batch.mask
+            if prompts:  # the joining jobs' rows of the cache: copies of row 0, all masked
+                grown = torch.tensor(list(range(running)) + [0] * len(prompts), dtype=torch.long, device=device)
+                batch.cache.batch_select_indices(grown)
+                old_mask = torch.cat([old_mask, torch.zeros((len(prompts), old_mask.shape[1]), dtype=torch.long, device=device)])
+            mask = torch.cat([old_mask, new_mask], dim=-1)
+        names = [row.internal for row in batch.rows] + [rows[0].internal for _, rows in joining]
+        self.stats["forwards"] += 1
+        self.stats["prompt_tokens"] += sum(len(prompt) for prompt in prompts)
+        self.stats["max_adapters"] = max(self.stats["max_adapters"], len(set(names)))
+        kwargs: dict[str, Any] = {}
+        model = self._base
+        if self._peft is not None:  # peft wraps the base in place on the first load: always call it then
+            model = self._peft
+            kwargs["adapter_names"] = [name if name is not None else "__base__" for name in names]
         with torch.inference_mode():
-            while rows:
-                self._wait_while_paused()
-                with self._selected(internal) as model:
-                    out = model(
-                        input_ids=input_ids,
-                        attention_mask=mask,
-                        position_ids=positions,
-                        use_cache=True,
-                        logits_to_keep=1,
-                        **{self._cache_arg: cache},
-                    )
-                cache = getattr(out, self._cache_arg, None)
-                logits = out.logits[:, -1, :].float()
-                next_ids: list[int] = []
-                keep: list[int] = []
-                for i, row in enumerate(rows):
-                    token = self._sample(row, logits[i])
-                    next_ids.append(token)
-                    if self._finish(row):
-                        continue
-                    keep.append(i)
-                if len(keep) < len(rows):
-                    rows = [rows[i] for i in keep]
-                    if not rows:
-                        break
-                    index = torch.tensor(keep, dtype=torch.long, device=device)
-                    cache.batch_select_indices(index)
-                    mask = mask[index]
-                    positions = positions[index]
-                    next_ids = [next_ids[i] for i in keep]
-                input_ids = torch.tensor(next_ids, dtype=torch.long, device=device).unsqueeze(-1)
-                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=-1)
-                positions = positions[:, -1:] + 1
+            out = model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_arg: batch.cache},
+                **kwargs,
+            )
+        cache = getattr(out, self._cache_arg, None)
+        logits = out.logits[:, -1, :].float()
+        last = positions[:, -1:]
+        rows = list(batch.rows)
+        if any(job.n > 1 for job, _ in joining):  # a job's prompt was computed once: repeat it for each sample
+            order = list(range(running)) + [running + j for j, (job, _) in enumerate(joining) for _ in range(job.n)]
+            index = torch.tensor(order, dtype=torch.long, device=device)
+            cache.batch_select_indices(index)
+            mask, last, logits = mask[index], last[index], logits[index]
+        for _, job_rows in joining:
+            rows.extend(job_rows)
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(rows))
+        next_ids: list[int] = []
+        keep: list[int] = []
+        done: list[_Row] = []
+        with torch.inference_mode():
+            for i, row in enumerate(rows):
+                token = self._sample(row, logits[i])
+                if self._finish(row):
+                    done.append(row)
+                    continue
+                keep.append(i)
+                next_ids.append(token)
+        if done:
+            self._release(done)
+        if not keep:
+            batch.reset()
+            return
+        if len(keep) < len(rows):
+            index = torch.tensor(keep, dtype=torch.long, device=device)
+            cache.batch_select_indices(index)
+            mask, last = mask[index], last[index]
+            rows = [rows[i] for i in keep]
+        batch.rows, batch.cache, batch.mask, batch.last_positions, batch.next_ids = rows, cache, mask, last, next_ids
 
     def prompt_logprobs(self, prompt_ids: list[int], adapter: str | None, top: int = 0) -> tuple[list[PromptLogprob | None], Any]:
         """Each prompt token's logprob given the tokens before it (vLLM's ``prompt_logprobs``; None first),
@@ -417,7 +537,7 @@ class GenerationEngine:
         """
         import torch
 
-        with self._lock:
+        with self._model_lock():
             self._wait_while_paused()
             internal = self._internal_for(adapter)
             ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)

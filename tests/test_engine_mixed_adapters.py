@@ -1,0 +1,157 @@
+"""The generation engine decodes rows of different adapters (and of the base model) in one forward
+(peft's per-row ``adapter_names``), lets jobs join a running batch, and prefills a job's prompt once
+for all its samples; each row samples exactly what it samples alone.
+
+A tiny random Llama (``conftest.tiny_llama``) with two random LoRA adapters, in fp32 on the CPU:
+seconds, no real model."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tracerl.errors import ConfigError
+from tracerl.inference.engine import GenerationEngine, GenerationJob
+
+TOLERANCE = 1e-4  # fp32: the same row in batches of other shapes and padding
+
+
+def _random_lora(model_path: Path, folder: Path, seed: int) -> Path:
+    """A rank-8 LoRA on every projection with random A and B (peft zeroes B by default), large enough
+    that the adapter changes the tiny model's logprobs by far more than :data:`TOLERANCE`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip
+    model = get_peft_model(base, config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_llama, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("mixed-adapters")
+    return {name: _random_lora(tiny_llama, root / name, seed) for seed, name in enumerate(("a", "b", "c"), start=1)}
+
+
+@pytest.fixture()
+def engine(tiny_llama, adapters):
+    engine = GenerationEngine(tiny_llama, max_batch_rows=64, device="cpu", dtype="float32")
+    engine.load_adapter("a", adapters["a"])
+    engine.load_adapter("b", adapters["b"])
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def _jobs() -> list[GenerationJob]:
+    """Base rows and both adapters, greedy and sampled (temperature, top-k, top-p), one and several
+    samples a job, prompts of different lengths, a stop token, seeds fixed."""
+    specs = [
+        dict(adapter="a", prompt_ids=[1, 10, 11, 12, 13, 14, 15], n=3, temperature=1.0, seed=1),
+        dict(adapter="b", prompt_ids=[1, 20, 21], n=2, temperature=0.7, top_k=40, seed=2),
+        dict(adapter=None, prompt_ids=[1, 30, 31, 32, 33], n=2, temperature=1.0, top_p=0.9, seed=3),
+        dict(adapter="a", prompt_ids=[1, 40], temperature=0.0, seed=4),  # greedy: raw logprobs
+        dict(adapter="b", prompt_ids=[1, 50, 51, 52, 53, 54, 55, 56, 57, 58], temperature=1.2, top_p=0.95, top_k=100, seed=5),
+        dict(adapter=None, prompt_ids=[1, 60, 61], temperature=0.0, seed=6),
+        dict(adapter="a", prompt_ids=[1, 70, 71, 72], n=2, temperature=1.0, seed=7, max_tokens=5),  # finishes early
+        dict(adapter="b", prompt_ids=[1, 80, 81], temperature=1.0, seed=8, stop_token_ids=list(range(3, 4096, 7))),
+    ]
+    return [GenerationJob(**{"max_tokens": 48, "ignore_eos": True, "top_logprobs": 2} | spec) for spec in specs]
+
+
+def _copy(job: GenerationJob) -> GenerationJob:
+    fields = ("prompt_ids", "adapter", "n", "temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids",
+              "seed", "top_logprobs", "ignore_eos")  # fmt: skip
+    return GenerationJob(**{name: getattr(job, name) for name in fields})
+
+
+def _alone(engine: GenerationEngine, jobs: list[GenerationJob]) -> list[list]:
+    return [engine.submit(_copy(job)).result(60) for job in jobs]
+
+
+def _assert_same(mixed: list, alone: list) -> None:
+    for job_index, (got, expected) in enumerate(zip(mixed, alone)):
+        for choice, (g, e) in enumerate(zip(got, expected, strict=True)):
+            where = f"job {job_index} choice {choice}"
+            assert g.token_ids == e.token_ids, where
+            assert g.finish_reason == e.finish_reason, where
+            assert max(abs(x - y) for x, y in zip(g.logprobs, e.logprobs, strict=True)) <= TOLERANCE, where
+            for gt, et in zip(g.top_logprobs, e.top_logprobs, strict=True):
+                assert [t for t, _ in gt] == [t for t, _ in et], where
+                assert all(abs(x - y) <= TOLERANCE for (_, x), (_, y) in zip(gt, et)), where
+
+
+def _wait(condition, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.0005)
+
+
+def test_rows_of_different_adapters_share_forwards_and_sample_what_they_sample_alone(engine):
+    jobs = _jobs()
+    alone = _alone(engine, jobs)
+    greedy_a = alone[3][0].logprobs
+    greedy_b = engine.submit(GenerationJob(prompt_ids=[1, 40], adapter="b", temperature=0.0, max_tokens=48, ignore_eos=True)).result(60)
+    assert max(abs(x - y) for x, y in zip(greedy_a, greedy_b[0].logprobs)) > 100 * TOLERANCE  # the adapters differ
+
+    first, second = jobs[:5], jobs[5:]
+    engine.pause()  # all of the first wave start in one forward
+    futures = [engine.submit(job) for job in first]
+    forwards = engine.stats["forwards"]
+    engine.resume()
+    _wait(lambda: engine.stats["forwards"] >= forwards + 3)  # decoding: the rest joins the running batch
+    engine.pause()
+    futures += [engine.submit(job) for job in second]
+    engine.resume()
+    mixed = [future.result(60) for future in futures]
+
+    _assert_same(mixed, alone)
+    assert engine.stats["max_adapters"] == 3  # base, a and b in one forward
+    assert engine.stats["joins"] >= len(second)
+    assert engine.stats["max_rows"] == sum(job.n for job in jobs)
+
+
+def test_a_jobs_prompt_is_prefilled_once_for_all_its_samples(engine):
+    before = engine.stats["prompt_tokens"]
+    samples = engine.submit(GenerationJob(prompt_ids=[1, 5, 6, 7, 8, 9], adapter="a", n=4, temperature=1.0, seed=0, max_tokens=4)).result(60)
+    assert len(samples) == 4 and len({tuple(s.token_ids) for s in samples}) > 1  # four different samples
+    assert engine.stats["prompt_tokens"] - before == 6
+
+
+def test_an_adapter_unloaded_or_replaced_mid_batch_finishes_its_rows_and_is_deleted_after(engine, adapters):
+    """What a trainer's hot load does while rows of two adapters and the base decode in one batch:
+    pause, replace ``a``, unload ``b``, resume.  Rows finish on the adapter they started on; a new
+    job for ``b`` is refused; the replaced and unloaded adapters leave peft after their last row."""
+    jobs = [GenerationJob(prompt_ids=[1, 10, 11], adapter=name, n=2, temperature=1.0, seed=i, max_tokens=64, ignore_eos=True)
+            for i, name in enumerate(("a", "b", None))]  # fmt: skip
+    alone = _alone(engine, jobs)
+    old = {name: engine._adapters[name] for name in ("a", "b")}
+    engine.pause()
+    futures = [engine.submit(job) for job in jobs]
+    forwards = engine.stats["forwards"]
+    engine.resume()
+    _wait(lambda: engine.stats["forwards"] >= forwards + 3)
+    engine.pause()
+    engine.load_adapter("a", adapters["c"])  # replaced in place
+    engine.unload_adapter("b")
+    assert set(old.values()) <= set(engine._peft.peft_config)  # still decoding
+    refused = engine.submit(GenerationJob(prompt_ids=[1, 10], adapter="b", max_tokens=2))
+    engine.resume()
+    _assert_same([future.result(60) for future in futures], alone)
+    with pytest.raises(ConfigError):
+        refused.result(60)
+    _wait(lambda: not set(old.values()) & set(engine._peft.peft_config))  # deleted after their last rows (answered first)
+    replaced = engine.submit(GenerationJob(prompt_ids=[1, 10, 11], adapter="a", n=2, temperature=1.0, seed=0, max_tokens=64, ignore_eos=True))
+    assert [s.token_ids for s in replaced.result(60)] != [s.token_ids for s in alone[0]]  # now c's weights
