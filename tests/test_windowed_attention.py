@@ -160,8 +160,8 @@ def test_the_load_probe_shrinks_a_long_window_and_still_sees_it_dropped(family, 
     assert route.check_against_model(model.config.vocab_size) <= 1e-6
     assert model.config.sliding_window == window and max(w or 0 for w in route.layout.windows.values()) == window
 
-    full = attention.allowed
-    monkeypatch.setattr(attention, "allowed", lambda segments, positions, window: full(segments, positions, None))
+    full = attention.rule
+    monkeypatch.setattr(attention, "rule", lambda *tokens_and_window: full(*tokens_and_window[:-1], None))
     with pytest.raises(ConfigError, match="does not reproduce"):
         route.check_against_model(model.config.vocab_size)
     assert model.config.sliding_window == window

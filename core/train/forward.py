@@ -27,7 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
-from .attention import AttentionLayout
+from .attention import PACKED, AttentionLayout, register_packed_attention
 from .packing import MicroBatch
 
 PROBE_WINDOW = 8
@@ -109,15 +109,20 @@ class PolicyForward:
 
     def __init__(self, causal_lm: Any, *, implementation: str, device: str, dtype: torch.dtype, chunk_size: int = 256) -> None:
         """``causal_lm``: the transformers model (its base, when peft wraps it: the LoRA layers are inside);
-        ``implementation``: the attention it was loaded with (``"sdpa"`` or ``"eager"``)."""
+        ``implementation``: the attention it was loaded with (``"sdpa"`` or ``"eager"``).  The model is
+        switched to tracerl's packed attention (:func:`tracerl.train.attention.register_packed_attention`),
+        which attends as ``implementation`` does for every call that passes no block mask."""
         self.causal_lm = causal_lm
         self.layout = AttentionLayout.of(causal_lm.config, implementation)
+        if hasattr(causal_lm, "set_attn_implementation"):
+            register_packed_attention()
+            causal_lm.set_attn_implementation(PACKED[implementation])
         self.processing = LogitProcessing.of(causal_lm.config)
         self.device, self.dtype, self.chunk_size = device, dtype, chunk_size
 
     def hidden(self, batch: MicroBatch) -> torch.Tensor:
         """The decoder's last hidden state at each picked position (``[N, H]``)."""
-        masks = self.layout.masks(batch.segment_ids_BT.to(self.device), batch.position_ids_BT.to(self.device), self.dtype)
+        masks = self.layout.masks(batch.segment_ids_BT.to(self.device), batch.position_ids_BT.to(self.device))
         hidden_BTH = self.causal_lm.model(
             input_ids=batch.input_ids_BT.to(self.device), position_ids=batch.position_ids_BT.to(self.device), attention_mask=masks
         ).last_hidden_state
@@ -192,7 +197,8 @@ class PolicyForward:
         kl_sum = 0.0
         for i, seq in enumerate(sequences):
             ids_T = torch.tensor([seq.token_ids], device=self.device)
-            own = torch.log_softmax(self.causal_lm(input_ids=ids_T, logits_to_keep=span + 1).logits[0, :-1].float(), dim=-1)
+            with _own_attention(self):
+                own = torch.log_softmax(self.causal_lm(input_ids=ids_T, logits_to_keep=span + 1).logits[0, :-1].float(), dim=-1)
             ours = torch.log_softmax(self.processing(output(hidden_NH[i * span : (i + 1) * span]).float()), dim=-1)
             kl_sum += float((own.exp() * (own - ours)).sum())
         kl = kl_sum / (2 * span)
@@ -221,17 +227,32 @@ def _window_shrunk(route: PolicyForward, window: int) -> Iterator[None]:
         config.sliding_window, route.layout = original, layout
 
 
+@contextmanager
+def _own_attention(route: PolicyForward) -> Iterator[None]:
+    """The model's own attention implementation (the one it was loaded with) for the probe's reference forward."""
+    model, own = route.causal_lm, route.layout.implementation
+    model.set_attn_implementation(own)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(PACKED[own])
+
+
 def _part(tensor: torch.Tensor | None, part: slice) -> torch.Tensor | None:
     return None if tensor is None else tensor[part]
 
 
-def load_causal_lm(model_path: Any, dtype: torch.dtype) -> tuple[Any, str]:
-    """The base model with SDPA attention where its class has it, else eager (gpt-oss: sinks); and which."""
+def load_causal_lm(model_path: Any, dtype: torch.dtype, device: str | None = None) -> tuple[Any, str]:
+    """The base model with SDPA attention where its class has it, else eager (gpt-oss: sinks); and which.
+
+    Loaded in ``dtype``, straight onto ``device`` when one is given (transformers' ``device_map``:
+    no full copy on the CPU first)."""
     from transformers import AutoModelForCausalLM
 
+    placement = {"device_map": device} if device is not None else {}
     try:
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa"), "sdpa"
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa", **placement), "sdpa"
     except ValueError as error:
         if "sdpa" not in str(error).lower() and "scaled_dot_product" not in str(error).lower():
             raise
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="eager"), "eager"
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="eager", **placement), "eager"

@@ -113,8 +113,7 @@ class LoRATrainer:
         if self.device == "cpu":
             hold_freed_memory()  # on jemalloc: no re-faulting inside a step (tracerl.train.allocator)
         check_room_for(model_path, self.device, overhead=TRAIN_OVERHEAD, what="the trainer", dtype=dtype)
-        base, attention = load_causal_lm(model_path, dtype)
-        base = base.to(self.device)
+        base, attention = load_causal_lm(model_path, dtype, self.device)  # straight onto the device, in its dtype
         base.config.use_cache = False
         with warnings.catch_warnings():
             # peft asks transformers 5.x for the deprecated `is_gradient_checkpointing` (peft's call, not ours)
