@@ -14,7 +14,7 @@ SKY_STAMP := $(SKY_VENV)/.tracerl-skypilot-installed
 PIP_VERSION := 26.3
 LOCKED := pip install -q --no-deps --require-hashes -r
 
-.PHONY: demo-vllm install install-dev install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-skypilot install-verifiers lock demo demo-bf16 demo-tinker test test-long docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant agreement-vllm plan-check clean
+.PHONY: demo-vllm install install-dev install-ts install-vllm install-gguf-converter install-model-files install-valgrind install-jemalloc install-skypilot install-verifiers lock demo demo-bf16 demo-tinker test test-long docs chaos chaos-pipelined gallery bench bench-pipeline bench-multitenant soak-tinker agreement-vllm plan-check clean
 
 $(STAMP): pyproject.toml Makefile locks/main.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -157,6 +157,12 @@ bench-pipeline: $(STAMP)
 # results in bench/results/plan_check.json, the table in docs/benchmarks.md
 plan-check: $(STAMP)
 	$(BIN)/python bench/plan_check.py --out bench/results/plan_check.json
+
+# issue 45's soak: 4 tenants x 200 iterations (forward_backward, optim_step, unnamed save_weights_for_sampler, sample)
+# through the tinker SDK, a fifth flooding sample; adapter cap, RSS, 5xx, lost futures, fairness, p95 (SOAK_ITERATIONS=20: short)
+SOAK_ITERATIONS ?= 200
+soak-tinker: $(STAMP)
+	$(BIN)/python bench/tinker_soak.py --iterations $(SOAK_ITERATIONS) --json bench/results/tinker_soak.json
 
 # 4 models on one tracerl serve --tinker vs 4 LocalBackends: memory, steps/hour, decode speed (~25 min)
 bench-multitenant: $(STAMP)

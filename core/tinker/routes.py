@@ -10,7 +10,9 @@ tenant's, answered the same — as 404, a wrong key as 401 (``AuthenticationErro
 queue or table as 429 with ``Retry-After`` (the SDK waits and resubmits).  Every route but
 ``healthz`` needs the server's key in ``X-API-Key`` (the SDK's header; keys start with ``tml-``).
 ``GET /api/v1/tracerl/stats`` (tracerl's own) gives the limits, the caller's counts and the
-sampler's adapter counts.
+sampler's adapter counts; ``GET /api/v1/tracerl/usage`` the caller's usage (tokens trained and
+sampled, compute seconds) and disk against its quota, which ``list_checkpoints`` also answers
+beside each checkpoint's ``size_bytes``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ def install(app: FastAPI, service: TinkerService, *, token: str | None) -> None:
     @router.get(f"{API}/tracerl/stats")
     async def stats(who: str = Depends(tenant)) -> dict[str, Any]:
         return service.stats(who)
+
+    @router.get(f"{API}/tracerl/usage")
+    async def usage(who: str = Depends(tenant)) -> dict[str, Any]:
+        """The caller's usage (tokens trained, sampled, compute seconds) and disk against its quota."""
+        return {"tenant": who, "usage": service.usage.of(who), "disk": service.disk(who)}
 
     @router.post(f"{API}/telemetry")
     async def telemetry() -> dict[str, str]:
@@ -207,7 +214,8 @@ def install(app: FastAPI, service: TinkerService, *, token: str | None) -> None:
 
     @router.get(API + "/training_runs/{model_id}/checkpoints")
     async def checkpoints(model_id: str, who: str = Depends(tenant)) -> dict[str, Any]:
-        return {"checkpoints": call(service.checkpoints, who, model_id)}
+        listed = call(service.checkpoints, who, model_id)  # each with its size_bytes
+        return {"checkpoints": listed, "disk": service.disk(who)}  # and the tenant's use of its disk quota
 
     @router.delete(API + "/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
     async def delete_checkpoint(model_id: str, checkpoint_id: str, who: str = Depends(tenant)) -> Response:

@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -49,6 +50,7 @@ from ..runs.durable import atomic_dir, atomic_write_text, remove_dir, repair_dir
 from .fair_queue import FairGate, FairQueue, QueueFullError
 from .lora_pool import AdapterSpec, LoRAPool
 from .sampler_adapters import SamplerAdapters
+from .usage import Usage, dir_bytes
 
 log = logging.getLogger("tracerl.tinker")
 
@@ -92,6 +94,9 @@ class Limits:
     """Sampling requests in the sampler at once, all tenants together; the others wait their tenant's turn."""
     max_samples_pending_per_tenant: int = 64
     """A tenant's sampling requests running or waiting (more: 429; the SDK waits and resubmits)."""
+    max_disk_bytes_per_tenant: int = 20 * 2**30
+    """Bytes of a tenant's checkpoints on disk (saved states and weights saved for sampling): a save that
+    would take them above this answers 429 (delete checkpoints, then the SDK's retry goes through)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
@@ -118,6 +123,14 @@ class Limits:
 
 class TableFull(QueueFullError):
     """One of a tenant's tables (results, sessions, sampling sessions) is full (answered 429 with ``Retry-After``)."""
+
+
+class DiskFull(QueueFullError):
+    """A save would take the tenant's checkpoints above ``max_disk_bytes_per_tenant`` (answered 429 with ``Retry-After``)."""
+
+
+USAGE_FILE = "usage.json"
+"""Each tenant's usage totals, in the service's root (beside the runs' folders)."""
 USER_ERRORS = (ConfigError, TrajectoryError, NonFiniteError, ValueError, TypeError, KeyError)
 """Failures the caller can fix: reported as category ``user``; anything else is ``server`` (and logged)."""
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
@@ -248,6 +261,9 @@ class TinkerService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.background: set[asyncio.Task[Any]] = set()
         self.refused: dict[str, int] = {}  # 429s answered, per tenant
+        self.usage = Usage()
+        self.disk_reserved: dict[str, int] = {}  # bytes of saves admitted and not yet written, per tenant
+        self.reserve_lock = threading.Lock()
 
     # -- life -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -255,6 +271,7 @@ class TinkerService:
 
         self.loop = asyncio.get_running_loop()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.usage.load(self.root / USAGE_FILE)
         self.pool = await asyncio.to_thread(functools.partial(LoRAPool, self.model_path, dtype=self.dtype))
         await asyncio.to_thread(self._resume)
         self.sampler = TransformersServer(self.model_path, served_name=self.model_name, dtype=self.dtype)
@@ -268,6 +285,7 @@ class TinkerService:
         await asyncio.to_thread(self.compute.close)
         if self.sampler is not None:
             await self.sampler.stop()
+        await asyncio.to_thread(self.usage.save, self.root / USAGE_FILE)
 
     def spawn(self, coroutine: Any) -> None:
         """Run ``coroutine`` in the background (kept referenced until done; a failure is logged)."""
@@ -286,6 +304,7 @@ class TinkerService:
             await asyncio.sleep(SWEEP_S)
             try:
                 self.sweep()
+                await asyncio.to_thread(self.usage.save, self.root / USAGE_FILE)
             except Exception:  # noqa: BLE001 - the next sweep tries again
                 log.exception("tinker service: pruning the tables failed")
 
@@ -319,6 +338,8 @@ class TinkerService:
                 "samples_pending": self.sampling_gate.pending(tenant),
                 "training_queued": self.compute.queued(tenant),
                 "refused_429": self.refused.get(tenant, 0),
+                "usage": self.usage.of(tenant),
+                "disk": self.disk(tenant),
             },
             "service": {
                 "sampler_adapters_loaded": self.adapters.count(),
@@ -328,6 +349,87 @@ class TinkerService:
                 "sampler_adapter_evictions": self.adapters.evictions,
             },
         }
+
+    # -- disk and usage -------------------------------------------------------------------
+    def disk_bytes(self, tenant: str) -> int:
+        """Bytes of ``tenant``'s checkpoints on disk: every run's saved states and weights saved for sampling."""
+        total = 0
+        for run in self.runs_of(tenant):
+            for kind in KINDS:
+                try:
+                    entries = list((self.root / run.model_id / kind).iterdir())
+                except FileNotFoundError:
+                    continue
+                for entry in entries:  # a retired unnamed save being deleted no longer counts
+                    if kind == "sampler_weights" and self.adapters.is_dropped(f"{run.model_id}@{entry.name}"):
+                        continue
+                    total += dir_bytes(entry) if entry.is_dir() else _size(entry)
+        return total
+
+    def disk(self, tenant: str) -> dict[str, Any]:
+        """``tenant``'s disk use against its quota (what ``list_checkpoints`` and the stats report)."""
+        return {
+            "bytes": self.disk_bytes(tenant),
+            "quota_bytes": self.limits.max_disk_bytes_per_tenant,
+            "reserved_bytes": self.disk_reserved.get(tenant, 0),
+            "checkpoints": sum(len(saved_in(self.root / run.model_id / kind)) for run in self.runs_of(tenant) for kind in KINDS),
+        }
+
+    def _reserve_disk(self, tenant: str, model_id: str, kind: str, replaced: Path | None) -> int:
+        """Room for one more checkpoint of ``kind`` in run ``model_id``, or :class:`DiskFull` (429).  Its expected
+        size is the run's newest checkpoint of that kind (none yet: 0, so a tenant under its quota can always
+        make a run's first); ``replaced`` (a folder this save supersedes) does not count.  Returns the bytes
+        reserved until the save is written (:meth:`_release_disk`), so saves admitted together fit together."""
+        saved = saved_in(self.root / model_id / kind)
+        expected = dir_bytes(max(saved, key=lambda folder: folder.stat().st_mtime)) if saved else 0
+        used = self.disk_bytes(tenant) - (dir_bytes(replaced) if replaced is not None else 0)
+        quota = self.limits.max_disk_bytes_per_tenant
+        with self.reserve_lock:
+            reserved = self.disk_reserved.get(tenant, 0)
+            if used + reserved >= quota or used + reserved + expected > quota:
+                raise self._refuse(tenant, DiskFull)(
+                    f"your checkpoints use {used + reserved:,} bytes of your {quota:,}-byte disk quota here "
+                    f"(max_disk_bytes_per_tenant); this save needs about {expected:,} more: delete checkpoints you no "
+                    "longer need (RestClient.delete_checkpoint; list_checkpoints gives their sizes)", retry_after=30.0,
+                )  # fmt: skip
+            self.disk_reserved[tenant] = reserved + expected
+        return expected
+
+    def _release_disk(self, tenant: str, reserved: int) -> None:
+        with self.reserve_lock:
+            left = self.disk_reserved.get(tenant, 0) - reserved
+            if left > 0:
+                self.disk_reserved[tenant] = left
+            else:
+                self.disk_reserved.pop(tenant, None)
+
+    def _metered(self, tenant: str, op: str, work: Callable[[], Any], counts: dict[str, int] | None = None, reserved: int | None = None) -> Callable[[], Any]:
+        """``work``, its seconds (and ``counts``, which it may fill) added to ``tenant``'s usage when it ends;
+        the disk it ``reserved`` released then."""
+        counts = counts if counts is not None else {}
+
+        def timed() -> Any:
+            start = time.perf_counter()
+            try:
+                return work()
+            finally:
+                if reserved is not None:
+                    self._release_disk(tenant, reserved)
+                self.usage.add(tenant, op, **counts, train_seconds=time.perf_counter() - start)
+
+        return timed
+
+    def _sequenced_save(self, tenant: str, model_id: str, seq_id: int, op: str, work: Callable[[], Any], kind: str, replaced: Path | None) -> Result:
+        """A save in its place in the sequence, admitted against the tenant's disk quota (a retry is not counted again)."""
+        run = self.run_of(tenant, model_id)
+        if seq_id in run.by_seq:
+            return self.sequenced(tenant, model_id, seq_id, work)
+        reserved = self._reserve_disk(tenant, model_id, kind, replaced)
+        try:
+            return self.sequenced(tenant, model_id, seq_id, self._metered(tenant, op, work, reserved=reserved))
+        except BaseException:
+            self._release_disk(tenant, reserved)
+            raise
 
     def _resume(self) -> None:
         """Every run recorded under ``root``, its adapter from its newest saved state (a fresh one if none)."""
@@ -579,7 +681,7 @@ class TinkerService:
             self.pool.create(model_id, spec)
             return {"model_id": model_id, "type": "create_model"}
 
-        return model_id, self.once(tenant, ("create", model_id), work)
+        return model_id, self.once(tenant, ("create", model_id), self._metered(tenant, "create_model", work))
 
     def create_from_checkpoint(self, tenant: str, session_id: str, model_seq_id: int, path: str, optimizer: bool, user_metadata: Any) -> tuple[str, Result]:
         """A new training run starting from a saved state (``create_training_client_from_state``)."""
@@ -592,7 +694,7 @@ class TinkerService:
             self.pool.load(model_id, folder, with_optimizer=optimizer)
             return {"path": path, "model_id": model_id, "type": "load_weights"}
 
-        return model_id, self.once(tenant, ("load", model_id), work)
+        return model_id, self.once(tenant, ("load", model_id), self._metered(tenant, "load_weights", work))
 
     def forward_backward(self, tenant: str, request: Any) -> Result:
         """A ``wire.ForwardBackward``: checked and decoded on the compute thread, so a bad one
@@ -600,22 +702,25 @@ class TinkerService:
         from .losses import check_loss_fn
         from .wire import datums, forward_backward_output
 
+        counts: dict[str, int] = {}
+
         def work() -> bytes:
             assert self.pool is not None
             check_loss_fn(request.loss_fn, request.loss_fn_config)
-            logprobs, loss = self.pool.forward(
-                request.model_id, datums(request), request.loss_fn, request.loss_fn_config, backward=not request.forward_only
-            )
+            data = datums(request)
+            counts["tokens_forward" if request.forward_only else "tokens_trained"] = sum(len(datum.tokens) for datum in data)
+            logprobs, loss = self.pool.forward(request.model_id, data, request.loss_fn, request.loss_fn_config, backward=not request.forward_only)
             return forward_backward_output(logprobs, {"loss:sum": loss})
 
-        return self.sequenced(tenant, request.model_id, request.seq_id, work)
+        op = "forward" if request.forward_only else "forward_backward"
+        return self.sequenced(tenant, request.model_id, request.seq_id, self._metered(tenant, op, work, counts))
 
     def optim_step(self, tenant: str, model_id: str, seq_id: int, adam: dict[str, float]) -> Result:
         def work() -> dict[str, Any]:
             assert self.pool is not None
             return {"metrics": self.pool.optim_step(model_id, **adam), "type": "optim_step"}
 
-        return self.sequenced(tenant, model_id, seq_id, work)
+        return self.sequenced(tenant, model_id, seq_id, self._metered(tenant, "optim_step", work))
 
     def save_state(self, tenant: str, model_id: str, seq_id: int, name: str | None) -> Result:
         """(A bad name fails as the future, in its place in the sequence: a request refused before it
@@ -629,7 +734,8 @@ class TinkerService:
                 self.pool.save(model_id, folder, with_optimizer=True)
             return {"path": f"tinker://{model_id}/weights/{name}", "type": "save_weights"}
 
-        return self.sequenced(tenant, model_id, seq_id, work)
+        replaced = self._folder(model_id, "weights", name) if ok_name(name) else None
+        return self._sequenced_save(tenant, model_id, seq_id, "save_weights", work, "weights", replaced)
 
     def load_state(self, tenant: str, model_id: str, seq_id: int, path: str, optimizer: bool) -> Result:
         def work() -> dict[str, Any]:
@@ -638,7 +744,7 @@ class TinkerService:
             self.pool.load(model_id, folder, with_optimizer=optimizer)
             return {"path": path, "model_id": model_id, "type": "load_weights"}
 
-        return self.sequenced(tenant, model_id, seq_id, work)
+        return self.sequenced(tenant, model_id, seq_id, self._metered(tenant, "load_weights", work))
 
     def save_for_sampler(self, tenant: str, model_id: str, seq_id: int, name: str | None, sampling_session_seq_id: int | None) -> Result:
         """Save the adapter for sampling (served as ``<run>@<name>``, loaded when first used); unnamed: an
@@ -664,7 +770,11 @@ class TinkerService:
                 return {"path": path, "type": "save_weights_for_sampler"}
             return {"sampling_session_id": f"{run.session_id}:sample:{sampling_session_seq_id}", "type": "save_weights_for_sampler"}
 
-        return self.sequenced(tenant, model_id, seq_id, work)
+        if name is None:  # supersedes the run's previous unnamed save, deleted once this one is written
+            replaced = self._folder(*parse_path(run.ephemeral)) if run.ephemeral is not None else None
+        else:
+            replaced = self._folder(model_id, "sampler_weights", name) if ok_name(name) else None
+        return self._sequenced_save(tenant, model_id, seq_id, "save_weights_for_sampler", work, "sampler_weights", replaced)
 
     def _saved_for_sampler(self, tenant: str, run: TrainingRun, path: str, folder: Path, sampling_seq: int | None) -> None:
         internal = served_name(path)
@@ -786,18 +896,25 @@ class TinkerService:
         session.running += 1
         session.used = time.monotonic()
 
+        counts = {"tokens_sampled": 0, "prompt_tokens_sampled": len(prompt)}
+
         async def admitted() -> bytes:
+            start: float | None = None
             try:
                 await ticket
+                start = time.perf_counter()
                 if adapter is None:
-                    return await self._sample(None, prompt, num_samples, {**params, "max_tokens": max_tokens}, prompt_logprobs)
+                    return await self._sample(None, prompt, num_samples, {**params, "max_tokens": max_tokens}, prompt_logprobs, counts)
                 folder = self.checkpoint_folder(tenant, session.model_path)  # type: ignore[arg-type]
                 try:
                     async with self.adapters.use(adapter, tenant, folder):
-                        return await self._sample(adapter, prompt, num_samples, {**params, "max_tokens": max_tokens}, prompt_logprobs)
+                        return await self._sample(adapter, prompt, num_samples, {**params, "max_tokens": max_tokens}, prompt_logprobs, counts)
                 except LookupError as error:
                     raise NotFound(str(error)) from error
             finally:
+                if start is not None:
+                    op = "compute_logprobs" if prompt_logprobs and num_samples == 1 and max_tokens == 1 else "sample"
+                    self.usage.add(tenant, op, **counts, sample_seconds=time.perf_counter() - start)
                 self.sampling_gate.leave(tenant, ticket)
                 session.running -= 1
                 session.used = time.monotonic()
@@ -808,7 +925,8 @@ class TinkerService:
         task.add_done_callback(lambda done: self.settle(result, done))
         return result
 
-    async def _sample(self, adapter: str | None, prompt: list[int], n: int, params: dict[str, Any], with_prompt: bool) -> bytes:
+    async def _sample(self, adapter: str | None, prompt: list[int], n: int, params: dict[str, Any], with_prompt: bool, counts: dict[str, int]) -> bytes:
+        """Sampled (``counts["tokens_sampled"]``: the tokens it generated)."""
         from ..inference.engine import GenerationJob
         from .wire import sample_response
 
@@ -829,8 +947,10 @@ class TinkerService:
             if n == 1 and max_tokens == 1:  # compute_logprobs: the one token comes from the scoring pass
                 one = engine.one_token(last, job.temperature, job.seed, top_p=job.top_p, top_k=job.top_k)
                 finish = "stop" if one.token_ids[-1] in job.stop_token_ids else one.finish_reason
+                counts["tokens_sampled"] += len(one.token_ids)
                 return sample_response([(one.token_ids, one.logprobs, finish)], scored)
         samples = await asyncio.wrap_future(engine.submit(job))
+        counts["tokens_sampled"] += sum(len(s.token_ids) for s in samples)
         return sample_response([(s.token_ids, s.logprobs, s.finish_reason) for s in samples], scored)
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -897,6 +1017,13 @@ def read_keys(path: str | Path) -> dict[str, str]:
 def saved_in(folder: Path) -> list[Path]:
     """The checkpoints in ``folder`` (not the temp entries of a write in progress or killed)."""
     return sorted(p for p in folder.glob("*") if p.is_dir() and not p.name.startswith("."))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def new_session(tenant: str, user_metadata: dict[str, Any] | None) -> dict[str, Any]:
