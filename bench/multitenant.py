@@ -82,7 +82,12 @@ async def decode_speed(model: Any, requests: int, tokens: int) -> dict[str, floa
     return {"decode_tok_s": statistics.median(rates), "decode_tokens": statistics.median(counts)}
 
 
-def start_tinker_server(data: Path, keys: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def start_tinker_server(
+    data: Path, keys: dict[str, str], *, env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
+    """``tracerl serve --tinker`` (no OpenAI-compatible inference) on a free port, once it answers its health check.
+
+    ``env``: the server's environment (default: this process's); ``extra_args``: more ``tracerl serve`` options."""
     import httpx
 
     (data / "keys.json").write_text(json.dumps(keys))
@@ -90,8 +95,8 @@ def start_tinker_server(data: Path, keys: dict[str, str]) -> tuple[subprocess.Po
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [sys.executable, "-m", "tracerl", "serve", "--tinker", "--inference", "none", "--tinker-keys", str(data / "keys.json"),
-               "--port", str(port), "--path", str(data / "serve")]  # fmt: skip
-    server = subprocess.Popen(command, stdout=open(data / "serve.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+               "--port", str(port), "--path", str(data / "serve"), *extra_args]  # fmt: skip
+    server = subprocess.Popen(command, stdout=open(data / "serve.log", "w"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -35,7 +35,6 @@ import os
 import platform
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from multitenant import start_tinker_server  # noqa: E402 - the one way the benches start a service
+
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -68,39 +70,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(data: Path, keys: dict[str, str], args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    (data / "keys.json").write_text(json.dumps(keys))
-    port = free_port()
+    """The service under test, with the soak's limits (the ``TRACERL_TINKER_*`` settings) and an access log."""
     env = {
         **os.environ, "TINKER_TELEMETRY": "0", "HF_HUB_OFFLINE": "1",
         "TRACERL_TINKER_MAX_SAMPLER_ADAPTERS": str(args.max_sampler_adapters), "TRACERL_TINKER_MAX_SAMPLER_ADAPTERS_PER_TENANT": "1",
         "TRACERL_TINKER_MAX_NUM_SAMPLES": str(args.max_num_samples), "TRACERL_TINKER_MAX_SAMPLE_TOKENS": str(args.max_sample_tokens),
         "TRACERL_TINKER_MAX_PROMPT_TOKENS": str(args.max_prompt_tokens),
     }  # fmt: skip
-    command = [sys.executable, "-m", "tracerl", "serve", "--tinker", "--inference", "none", "--tinker-keys", str(data / "keys.json"),
-               "--port", str(port), "--path", str(data / "serve"), "--access-log", str(data / "access.log")]  # fmt: skip
-    server = subprocess.Popen(command, stdout=open(data / "serve.log", "w"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"tracerl serve --tinker exited:\n{(data / 'serve.log').read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
-                return server, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    server.kill()
-    raise SystemExit("tracerl serve --tinker did not answer /api/v1/healthz within 300 s")
+    return start_tinker_server(data, keys, env=env, extra_args=("--access-log", str(data / "access.log")))
 
 
 def tree_rss(pid: int) -> int:
