@@ -415,7 +415,7 @@ class RedactingLogFilter(logging.Filter):
 
 
 LOGGERS = (
-    "tracerl", "tracerl.integrations", "tracerl.serve", "tracerl.train", "tracerl.router", "tracerl.ruler", "tracerl.mcp_rl", "tracerl.inference.engine", "tracerl.pipeline", "tracerl.tinker"
+    "tracerl", "tracerl.integrations", "tracerl.serve", "tracerl.train", "tracerl.router", "tracerl.ruler", "tracerl.mcp_rl", "tracerl.inference.engine", "tracerl.pipeline", "tracerl.tinker", "tracerl.tinker.usage"
 )  # fmt: skip
 """The loggers tracerl writes to (a logger filter sees only records logged on that logger)."""
 _filter = RedactingLogFilter()
