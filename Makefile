@@ -133,6 +133,8 @@ LONG_TESTS := tests/test_chaos_real_model.py tests/test_langgraph_learns.py test
 LONG_TESTS += tests/test_serve_merged_real_model.py tests/test_sft_then_rl_example.py
 # the Ray backend's two steps on the real SmolLM2-135M too (~35 s; the suite: the tiny random Llama)
 LONG_TESTS += tests/test_ray_backend.py
+# every family in bf16 too (~40 s; the suite: every family in fp32, the windowed ones in bf16 as well)
+LONG_TESTS += tests/test_family_training.py
 test-long: $(DEV_STAMP) install-vllm install-gguf-converter install-model-files install-jemalloc install-skypilot install-verifiers install-ts
 	TRACERL_FULL=1 $(BIN)/python -m pytest -q --durations=30 $(LONG_TESTS)
 
@@ -153,7 +155,7 @@ bench-pipeline: $(STAMP)
 
 # the memory plan (`tracerl plan`) against measured peaks: random Llama shapes of 0.12B, 0.34B and 1.1B parameters x
 # 256, 512 and 1,024 tokens, one real training step each in its own process (fp32, jemalloc), peak = the process's
-# high-water mark after a reset; each must be within max(15%, 150 MB) of the plan (~12 min on 2 cores);
+# high-water mark after a reset; each must be within max(15%, 150 MB) of the plan (~3 min on 2 cores);
 # results in bench/results/plan_check.json, the table in docs/benchmarks.md
 plan-check: $(STAMP)
 	$(BIN)/python bench/plan_check.py --out bench/results/plan_check.json

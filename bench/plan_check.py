@@ -8,7 +8,7 @@ its own process: load the trainer, reset the process's high-water mark (``/proc/
 take the step, read ``VmHWM``: the peak resident memory of the step, weights included.  The plan's
 ``trainer_peak`` for the same settings must be within max(15%, 150 MB) of it.
 
-    python bench/plan_check.py --out bench/results/plan_check.json      # ~12 min on 2 cores (make plan-check)
+    python bench/plan_check.py --out bench/results/plan_check.json      # ~3 min on 2 cores (make plan-check)
     python bench/plan_check.py --sizes narrow --seqs 2048                 # seconds (tests/test_memory_plan.py)
 
 The workers run on jemalloc when it is found (as ``make demo``), so the peak is what the step holds,

@@ -161,10 +161,13 @@ def serve() -> None:
     the answer is ``{"returncode": ..., "result": ...}`` (returncode -9: it was SIGKILLed).
     """
     global SPEC
-    # imported here once, not in every child: what a run imports lazily too (a train step's advantages import
-    # torch, ~1 s a child; 88 children in test_killed_at_every_file_operation_a_rerun_completes_the_run)
-    import tracerl.train.grpo  # noqa: F401
-    import tracerl.train.local_backend  # noqa: F401
+    # one run here first, unarmed (no kill spec): what a run imports lazily (torch for a step's advantages,
+    # transformers for register's memory plan; ~1 s) is then imported once, not in each of the ~90 children
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as warm:
+        run(Path(warm), "steps", "1")
+    _ops.update(count=0, armed=False, matches=0)
 
     for line in sys.stdin:
         request = json.loads(line)

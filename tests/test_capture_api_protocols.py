@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -178,41 +179,49 @@ AGENTS = {
 
 @pytest.fixture(scope="module")
 async def captured(served):
+    """Every client's group of two rollouts, all at once (the server batches them), and every answer the server gave."""
     model, _, answers = served
-    groups = {}
-    for name, agent in AGENTS.items():
-        first = len(answers)
-        group = await tracerl.gather_trajectory_groups(
-            [tracerl.trajectory_group((agent(model, 4, 6) for _ in range(2)), model=model, task=f"{name}: 4 + 6")],
-            pbar_desc=None, max_exceptions=0,
-        )  # fmt: skip
-        groups[name] = (group[0], answers[first:])
-    return groups
+    groups = await tracerl.gather_trajectory_groups(
+        [tracerl.trajectory_group((agent(model, 4, 6) for _ in range(2)), model=model, task=f"{name}: 4 + 6") for name, agent in AGENTS.items()],
+        pbar_desc=None, max_exceptions=0,
+    )  # fmt: skip
+    return dict(zip(AGENTS, groups)), list(answers)
+
+
+def _key(prompt_ids, token_ids) -> tuple:
+    return tuple(prompt_ids), tuple(token_ids)
 
 
 @pytest.mark.parametrize("client", list(AGENTS))
 async def test_each_client_yields_trajectories_with_the_sampled_tokens(captured, client):
-    group, answers = captured[client]
+    groups, answers = captured
     sampled: dict[tuple, list[list[float]]] = {}  # two calls may sample the same ids (batched: logprobs differ in the last bits)
     for answer in answers:
         choice = answer["choices"][0]
-        key = (tuple(answer["prompt_token_ids"]), tuple(choice["token_ids"]))
-        sampled.setdefault(key, []).append([entry["logprob"] for entry in choice["logprobs"]["content"]])
-    turns = 0
+        sampled.setdefault(_key(answer["prompt_token_ids"], choice["token_ids"]), []).append([e["logprob"] for e in choice["logprobs"]["content"]])
+    group = groups[client]
+    assert len(group.trajectories) == 2
     for trajectory in group.trajectories:
         assert trajectory.messages_and_choices[0] == {"role": "system", "content": SYSTEM}
         assert [tool["function"]["name"] for tool in trajectory.tools] == ["add"]
         assert trajectory.metrics["capture_turns_without_token_ids"] == 0
+        assert trajectory.sampled_turns()
         for choice in trajectory.sampled_turns():
             # what the engine sampled for one of its calls, id for id and logprob for logprob
-            assert choice.logprobs in sampled[(tuple(choice.prompt_token_ids), tuple(choice.token_ids))]
-            turns += 1
-    assert turns == len(answers)  # every call the server answered is in exactly one trajectory
+            assert choice.logprobs in sampled[_key(choice.prompt_token_ids, choice.token_ids)]
+
+
+async def test_every_answered_call_is_in_exactly_one_trajectory(captured):
+    """The clients ran at once: the server's answers and the trajectories' sampled turns are the same multiset."""
+    groups, answers = captured
+    answered = Counter(_key(a["prompt_token_ids"], a["choices"][0]["token_ids"]) for a in answers)
+    turns = Counter(_key(c.prompt_token_ids, c.token_ids) for g in groups.values() for t in g.trajectories for c in t.sampled_turns())
+    assert turns == answered and sum(turns.values()) >= len(AGENTS) * 2
 
 
 async def test_one_training_step_on_the_captured_trajectories(served, captured):
     model, backend, _ = served
-    groups = [group for group, _ in captured.values()]
+    groups = list(captured[0].values())
     for group in groups:  # GRPO needs variance within a group, whatever the small model scored
         for i, trajectory in enumerate(group.trajectories):
             trajectory.reward = float(i % 2)

@@ -22,6 +22,7 @@ import pytest
 import tracerl
 import tracerl.integrations as ti
 from family_helpers import TOOLS, family_conversation, scored_conversation
+from suite_size import FULL
 from tracerl.families.files import is_installed, last_failure
 from tracerl.train.tokenization import TokenizeStats, tokenize_trajectory
 
@@ -68,8 +69,13 @@ def random_model(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", FAMILIES)
+CELLS = [(family, dtype) for family in FAMILIES for dtype in ("float32", "bfloat16") if FULL or dtype == "float32" or family in WINDOWED]
+"""``make test``: every family in fp32 (its cells also sample through the SDK and serve the step) and the windowed
+families in bf16 too (where a window changes what bf16 computes; SmolLM2's bf16 agreement: ``test_bf16.py``);
+``make test-long`` (``TRACERL_FULL=1``): every family in both dtypes."""
+
+
+@pytest.mark.parametrize("family,dtype", CELLS)
 async def test_each_family_serves_trains_a_step_and_serves_the_trained_policy(family, dtype, random_model, tmp_path):
     """A random model of each family's architecture: forced turns scored by the served policy (and in
     fp32 a turn sampled through the OpenAI SDK), one GRPO step on every sampled token, then (fp32)

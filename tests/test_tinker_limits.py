@@ -147,3 +147,30 @@ def test_limits_have_defaults_and_read_their_settings_from_the_environment():
         Limits(max_results_per_tenant=0)
     with pytest.raises(ConfigError, match="per_tenant"):
         Limits(max_sampler_adapters=2, max_sampler_adapters_per_tenant=3)
+
+
+def test_a_burst_holds_only_its_share_while_others_sample():
+    """Slots are not taken back from running requests: a tenant that entered first with a burst holds an even share
+    of them (not all) while others have sampled recently, so they are admitted at once; alone, a tenant gets every slot."""
+
+    async def run() -> None:
+        now = [0.0]
+        gate = FairGate(slots=4, max_queued_per_tenant=16, active_s=60.0, clock=lambda: now[0])
+        alone = [gate.enter("flood") for _ in range(4)]
+        assert all(t.done() for t in alone)  # alone: every slot
+        for t in alone:
+            gate.leave("flood", t)
+        for tenant in ("a", "b", "c"):
+            gate.leave(tenant, gate.enter(tenant))  # three others sampled recently
+        burst = [gate.enter("flood") for _ in range(4)]
+        assert sum(t.done() for t in burst) == 1  # 4 slots // 4 active tenants
+        others = [gate.enter(tenant) for tenant in ("a", "b", "c")]
+        assert all(t.done() for t in others)  # each finds its share free, none waits for the burst
+        for tenant, t in zip(("a", "b", "c"), others):
+            gate.leave(tenant, t)
+        now[0] = 61.0  # the others have gone quiet: the burst may take every slot again
+        first = next(t for t in burst if t.done())
+        gate.leave("flood", first)
+        assert all(t.done() for t in burst if t is not first) and gate.busy == 3
+
+    asyncio.run(run())

@@ -2,7 +2,9 @@
 
 A worker thread decodes one batch of rows with a KV cache, one token per row per forward pass.
 Rows of different adapters (tenants) and of the base model share each forward: peft's per-row
-``adapter_names`` (``"__base__"`` for the base model) applies each row's own LoRA.  Jobs join a
+``adapter_names`` (``"__base__"`` for the base model) applies each row's own LoRA; a forward whose
+rows all use one adapter takes peft's plain path instead, which gathers no sub-batches (the common
+case of one policy served).  Jobs join a
 running batch at the next decode step while it has room (``max_batch_rows``): their prompts are
 prefilled in the same forward that decodes the running rows' next token (the running rows' slot
 of that forward is masked padding before their one real token), and a job's prompt is prefilled
@@ -479,11 +481,13 @@ class GenerationEngine:
         self.stats["prompt_tokens"] += sum(len(prompt) for prompt in prompts)
         self.stats["max_adapters"] = max(self.stats["max_adapters"], len(set(names)))
         kwargs: dict[str, Any] = {}
-        model = self._base
-        if self._peft is not None:  # peft wraps the base in place on the first load: always call it then
-            model = self._peft
+        selected: contextlib.AbstractContextManager[Any] = contextlib.nullcontext(self._base)
+        if self._peft is not None and len(set(names)) == 1 and names[0] is not None:  # one adapter for every row: peft's plain path
+            selected = self._selected(names[0])
+        elif self._peft is not None:  # peft wraps the base in place on the first load: always call it then
+            selected = contextlib.nullcontext(self._peft)
             kwargs["adapter_names"] = [name if name is not None else "__base__" for name in names]
-        with torch.inference_mode():
+        with torch.inference_mode(), selected as model:
             out = model(
                 input_ids=input_ids,
                 attention_mask=mask,

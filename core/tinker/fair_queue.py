@@ -9,7 +9,10 @@ operations run in the order they were submitted.
 :class:`FairGate` is the same rule for work that runs on the event loop (sampling): at most
 ``slots`` holders at once, a freed slot goes to the waiting tenant holding the fewest (then the
 one served least recently), and each tenant may have at most ``max_queued_per_tenant`` requests
-admitted or waiting (more: 429).
+admitted or waiting (more: 429).  Slots cannot be taken back from a running request, so a tenant
+alone may fill them all, but while several tenants sample (each entered within ``active_s``) each
+holds at most its share, ``slots // active tenants`` (at least one): a burst of long requests then
+waits in its own tenant's queue instead of holding every slot when the others come back.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -100,10 +104,12 @@ class FairGate:
     ``max_queued_per_tenant`` requests admitted or waiting) and returns a future that is done when
     the request holds a slot; every ``enter`` is paired with one ``leave``, admitted or not."""
 
-    def __init__(self, *, slots: int, max_queued_per_tenant: int) -> None:
+    def __init__(self, *, slots: int, max_queued_per_tenant: int, active_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         if slots < 1 or max_queued_per_tenant < 1:
             raise ValueError(f"slots and max_queued_per_tenant must be >= 1, got {slots} and {max_queued_per_tenant}")
-        self.slots, self.max_queued = slots, max_queued_per_tenant
+        self.slots, self.max_queued, self.active_s, self.clock = slots, max_queued_per_tenant, active_s, clock
+        self.entered_at: dict[str, float] = {}  # when each tenant last asked for a slot
         self.waiting: dict[str, deque[asyncio.Future[None]]] = {}
         self.holding: dict[str, int] = {}  # admitted requests per tenant
         self.admitted_at: dict[str, int] = {}  # the admission count when each tenant last got a slot
@@ -114,7 +120,16 @@ class FairGate:
         """The tenant's requests admitted or waiting."""
         return self.holding.get(tenant, 0) + len(self.waiting.get(tenant, ()))
 
+    def share(self) -> int:
+        """Slots one tenant may hold now: all of them alone, else an even share of the tenants active within ``active_s``."""
+        now = self.clock()
+        for tenant, at in list(self.entered_at.items()):
+            if now - at > self.active_s and not self.pending(tenant):
+                del self.entered_at[tenant]
+        return max(1, self.slots // max(1, len(self.entered_at)))
+
     def enter(self, tenant: str) -> asyncio.Future[None]:
+        self.entered_at[tenant] = self.clock()
         if self.pending(tenant) >= self.max_queued:
             raise QueueFullError(f"{self.pending(tenant)} sampling requests of yours are running or waiting (the most allowed): wait for some to finish")
         ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -138,8 +153,12 @@ class FairGate:
         self._admit()
 
     def _admit(self) -> None:
-        while self.busy < self.slots and self.waiting:
-            tenant = min(self.waiting, key=lambda t: (self.holding.get(t, 0), self.admitted_at.get(t, -1)))
+        share = self.share()
+        while self.busy < self.slots:
+            eligible = [t for t in self.waiting if self.holding.get(t, 0) < share]
+            if not eligible:
+                return
+            tenant = min(eligible, key=lambda t: (self.holding.get(t, 0), self.admitted_at.get(t, -1)))
             queue = self.waiting[tenant]
             ticket = queue.popleft()
             if not queue:

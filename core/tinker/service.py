@@ -90,8 +90,14 @@ class Limits:
     """Prompt tokens of one sampling or ``compute_logprobs`` request at most (more: 400)."""
     max_sample_tokens: int = 4096
     """``max_tokens`` of one sampling request at most (more: 400; unset: this, or what the context leaves)."""
-    sample_slots: int = 4
+    sample_slots: int = 8
     """Sampling requests in the sampler at once, all tenants together; the others wait their tenant's turn."""
+    sample_batch_rows: int = 64
+    """Rows (samples) the sampler decodes in one forward, every tenant's together: at least ``sample_slots`` requests'
+    ``num_samples`` should fit, or the admitted requests decode a few at a time."""
+    sample_share_active_s: float = 60.0
+    """While several tenants have sampled within this many seconds, each holds at most ``sample_slots // tenants``
+    slots (at least one); a tenant alone may hold them all."""
     max_samples_pending_per_tenant: int = 64
     """A tenant's sampling requests running or waiting (more: 429; the SDK waits and resubmits)."""
     max_disk_bytes_per_tenant: int = 20 * 2**30
@@ -253,7 +259,8 @@ class TinkerService:
         self.pool: LoRAPool | None = None
         self.sampler: Any = None  # TransformersServer
         self.compute = FairQueue(max_queued_per_tenant=max_queued)
-        self.sampling_gate = FairGate(slots=self.limits.sample_slots, max_queued_per_tenant=self.limits.max_samples_pending_per_tenant)
+        self.sampling_gate = FairGate(slots=self.limits.sample_slots, max_queued_per_tenant=self.limits.max_samples_pending_per_tenant,
+                                      active_s=self.limits.sample_share_active_s)
         self.adapters = SamplerAdapters(
             self._load_adapter, self._unload_adapter,
             max_total=self.limits.max_sampler_adapters, max_per_tenant=self.limits.max_sampler_adapters_per_tenant,
@@ -274,7 +281,8 @@ class TinkerService:
         self.usage.load(self.root / USAGE_FILE)
         self.pool = await asyncio.to_thread(functools.partial(LoRAPool, self.model_path, dtype=self.dtype))
         await asyncio.to_thread(self._resume)
-        self.sampler = TransformersServer(self.model_path, served_name=self.model_name, dtype=self.dtype)
+        self.sampler = TransformersServer(self.model_path, served_name=self.model_name, dtype=self.dtype,
+                                          max_batch_rows=self.limits.sample_batch_rows)
         await self.sampler.start()
         self.spawn(self._sweep_forever())
         log.info("tinker service: %s ready (checkpoints in %s; %s)", self.model_name, self.root, self.limits)

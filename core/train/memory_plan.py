@@ -12,15 +12,15 @@ The trainer's terms follow what :class:`~tracerl.train.trainer.LoRATrainer` runs
 
 - base weights in the trainer's dtype; the LoRA, its gradients and AdamW's two moments in fp32
   (16 bytes a LoRA parameter);
-- per token and decoder layer, what backward keeps: q, k and v (k and v repeated to every query
-  head: with a mask, transformers' SDPA path does not use grouped-query attention) and the attention
-  output (4 · heads · head_dim), both norms' inputs and outputs (fp32), gate, up and their product
+- per token and decoder layer, what backward keeps: q, k and v (k and v once per key-value head:
+  packed attention groups query heads itself) and the attention output, both norms' inputs and
+  outputs (fp32), gate, up and their product
   (3 · intermediate; MoE: per routed expert), the LoRA inputs (in bf16 each adapted module casts
   its input to fp32: a copy each) and rank-sized LoRA intermediates; with gradient checkpointing only
   each layer's input, plus one layer recomputed during backward;
-- the attention mask: PyTorch's SDPA turns the packed row's boolean ``[B, 1, T, T]`` mask into one
-  of the activations' dtype in every layer, and backward keeps each (``L · B · T²`` elements: this
-  term grows with the square of the row);
+- packed attention (:mod:`tracerl.train.attention`): the block mask's tables per layer type
+  (``(T/128)²`` integers a row, a few tables) and one query chunk's scores while it runs or is
+  recomputed in backward (fp32, at most ``SCORE_BUDGET`` a tensor): nothing grows with ``T²``;
 - the logprob chunks: ``logprob_chunk_size`` rows of ``[rows, vocabulary]`` fp32 logits, a few
   such tensors alive at once (log-softmax, its gradient, the entropy's temporaries);
 - the process: CUDA context and workspaces on a GPU, the interpreter with torch loaded on a CPU.
@@ -46,6 +46,7 @@ from typing import Any, Iterable
 from ..errors import ConfigError, InsufficientMemoryError
 from ..inference.devices import FIXED_OVERHEAD_BYTES, GIB
 from ..inference.vllm_server import CPU_KV_CACHE_BYTES, vllm_lora_rank
+from .attention import BLOCK, SCORE_BUDGET
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CPU_PROCESS_BYTES = int(0.38 * GIB)
@@ -60,8 +61,10 @@ VLLM_PROFILE_TOKENS = 8192
 """Tokens in vLLM's start-up profiling batch (its ``max_num_batched_tokens`` on a GPU)."""
 LOGPROB_TENSORS = 4
 """``[rows, vocabulary]`` fp32 tensors alive at once in a logprob chunk (logits, log-softmax, its gradient, a temporary)."""
-MASK_BUILD_TENSORS = 5
-"""Boolean ``[B, T, T]`` temporaries while the packed row's mask is built."""
+BLOCK_MASK_TABLES = 4
+"""int32 ``[rows, 1, T/128, T/128]`` tables a FlexAttention ``BlockMask`` holds (kv and q indices, full and partial)."""
+ATTENTION_WORKSPACE_TENSORS = 3
+"""fp32 score-sized tensors alive while one query chunk of packed attention runs or is recomputed (scores, probabilities, a gradient)."""
 GPU_ALLOCATOR_SLACK = 0.05
 """PyTorch's caching allocator's fragmentation on a GPU, as a share of the trainer's peak (estimate)."""
 
@@ -347,7 +350,7 @@ def activation_bytes_per_token(shape: ModelShape, settings: PlanSettings) -> tup
     b, f32 = settings.dtype_bytes, 4
     targets = set(settings.target_modules)
     H, q, I, r = shape.hidden, shape.q_dim, shape.intermediate, settings.lora_rank
-    attention = 4 * q * b + shape.heads * f32  # q, k, v (repeated to every head), output; logsumexp
+    attention = (2 * q + 2 * shape.kv_dim) * b  # q and the output; k and v per key-value head
     norms = 2 * 2 * H * f32  # each norm's fp32 input and normalised output
     if shape.qk_norm:
         norms += (q + shape.kv_dim) * f32 * 2
@@ -372,16 +375,17 @@ def trainer_parts(shape: ModelShape, settings: PlanSettings) -> tuple[list[Part]
     rows = max(M // T, 1)
     lora = shape.lora_parameters(settings.lora_rank, settings.target_modules)
     per_layer, rest = activation_bytes_per_token(shape, settings)
-    mask_layer = rows * T * T * b
     if settings.gradient_checkpointing:
-        saved = M * (shape.layers * shape.hidden * b + rest)
-        recompute = M * per_layer + mask_layer
-        activations, mask = saved + recompute, mask_layer
+        activations = M * (shape.layers * shape.hidden * b + rest) + M * per_layer
         act_note = f"checkpointing: each layer's input kept, one layer recomputed ({M} tokens)"
     else:
-        activations, mask = M * (shape.layers * per_layer + rest), shape.layers * mask_layer
+        activations = M * (shape.layers * per_layer + rest)
         act_note = f"{M} tokens x {shape.layers} layers, kept for backward (no checkpointing)"
-    mask_build = MASK_BUILD_TENSORS * rows * T * T
+    blocks = -(-T // BLOCK)
+    layer_types = 2 if shape.sliding_layers else 1
+    tables = BLOCK_MASK_TABLES * layer_types * rows * blocks * blocks * 4
+    scores = min(max(SCORE_BUDGET, rows * shape.heads * BLOCK * T), rows * shape.heads * T * T)
+    attention = tables + ATTENTION_WORKSPACE_TENSORS * scores * 4
     chunk = min(settings.logprob_chunk_size, M)
     logprobs = LOGPROB_TENSORS * chunk * shape.vocab * 4 + M * shape.hidden * b
     runtime = FIXED_OVERHEAD_BYTES if settings.device == "cuda" else CPU_PROCESS_BYTES
@@ -392,12 +396,12 @@ def trainer_parts(shape: ModelShape, settings: PlanSettings) -> tuple[list[Part]
         Part("LoRA gradients", "trainer", lora * 4, "fp32"),
         Part("AdamW state", "trainer", lora * 8, "two fp32 moments"),
         Part("activations", "trainer", activations, act_note),
-        Part("attention mask", "trainer", mask + mask_build, f"{rows} row(s) x {T}^2: SDPA's {b}-byte float copy kept per layer"),
+        Part("packed attention", "trainer", attention, f"block tables ({blocks}^2 per row) and one query chunk's fp32 scores"),
         Part("logprob chunks", "trainer", logprobs, f"{chunk} rows x {shape.vocab} vocabulary, fp32"),
         Part("process", "trainer", runtime, "CUDA context, workspaces" if settings.device == "cuda" else "Python, torch, transformers"),
     ]
     resident = weights + lora * 16 + runtime
-    peak = resident + activations + mask + mask_build + logprobs
+    peak = resident + activations + attention + logprobs
     if settings.device == "cuda":
         slack = int(GPU_ALLOCATOR_SLACK * peak)
         parts.append(Part("allocator slack", "trainer", slack, f"{GPU_ALLOCATOR_SLACK:.0%} of the peak (estimate)"))
