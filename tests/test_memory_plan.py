@@ -167,3 +167,38 @@ async def test_a_rank_32_lora_hot_loads_into_vllm(tmp_path):
         assert reply.choices[0].message.content is not None
     finally:
         await backend.close()
+
+
+async def test_register_turns_on_gradient_checkpointing_when_only_that_fits(tmp_path, monkeypatch):
+    """``gradient_checkpointing="auto"`` (the default): with 6 GiB of memory, an 8-layer model's 262,144-token row keeps
+    ~9 GB of activations without checkpointing and ~2 GB with it: register turns it on (and the trainer gets it);
+    set to False explicitly, the same run is refused."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import tracerl.train.memory_plan as memory_plan
+
+    monkeypatch.setattr(memory_plan, "memory_available", lambda: (6 * 2**30, 6 * 2**30))
+    chosen = []
+
+    def loaded(self, state):
+        chosen.append(state.gradient_checkpointing)
+        raise RuntimeError("stop before loading")
+
+    monkeypatch.setattr(LocalBackend, "_trainer", loaded)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=512, max_position_embeddings=2048, tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "deep")
+    for setting in ("auto", False):
+        backend = LocalBackend(tmp_path / f"runs-{setting}", inference=None, device="cpu", max_seq_len=2**18, micro_batch_tokens=2048,
+                               gradient_checkpointing=setting)  # fmt: skip
+        model = tracerl.TrainableModel("deep", "tests", str(tmp_path / "deep"))
+        if setting == "auto":
+            with pytest.raises(RuntimeError, match="stop before loading"):
+                await model.register(backend)
+            assert chosen == [True]
+        else:
+            with pytest.raises(PlanDoesNotFitError, match="gradient_checkpointing=True"):
+                await model.register(backend)
+        await backend.close()

@@ -16,7 +16,7 @@ import math
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Literal
 
@@ -60,6 +60,8 @@ class _Registered:
     merged_dir: Path | None = None
     """``serve_merged``: where the merged policy of the served step is written for vLLM to reload."""
     served: ServedPolicies = field(default_factory=ServedPolicies)
+    gradient_checkpointing: bool | int = False
+    """What the trainer recomputes: the backend's setting, or with ``"auto"`` what the memory plan chose."""
 
 
 def _lora_rank(model: TrainableModel) -> int:
@@ -90,7 +92,7 @@ class LocalBackend:
         server_options: dict[str, Any] | None = None,
         serve_merged: bool = False,
         train_workers: int = 1,
-        gradient_checkpointing: bool | int = False,
+        gradient_checkpointing: bool | int | Literal["auto"] = "auto",
         pause_serving_while_training: bool = True,
         dtype: Literal["auto", "float32", "bfloat16"] = "auto",
     ) -> None:
@@ -108,7 +110,8 @@ class LocalBackend:
         ``gradient_checkpointing=True`` recomputes activations in backward: about half the
         trainer's peak memory for up to ~35% more step time; an int ``n`` checkpoints every n-th
         decoder layer only, in between (:class:`~tracerl.train.trainer.LoRATrainer`; one process only
-        for now).
+        for now).  ``"auto"`` (the default) lets the memory plan choose at ``register``: off when the
+        step fits without it, on when only checkpointing makes it fit (logged).
 
         ``pause_serving_while_training=False`` lets the server go on generating while a step
         trains.  Keep the default where serving and training share the compute (this CPU, one
@@ -140,7 +143,9 @@ class LocalBackend:
         self.pause_serving_while_training = pause_serving_while_training
         if train_workers < 1:
             raise ConfigError(f"train_workers must be >= 1, got {train_workers}")
-        if gradient_checkpointing and train_workers > 1:
+        if gradient_checkpointing not in ("auto", False, True) and not isinstance(gradient_checkpointing, int):
+            raise ConfigError(f"gradient_checkpointing must be True, False, an int or 'auto', got {gradient_checkpointing!r}")
+        if gradient_checkpointing and gradient_checkpointing != "auto" and train_workers > 1:
             raise ConfigError("gradient_checkpointing=True is not wired into the data-parallel ranks yet: use train_workers=1")
         self.train_workers = train_workers
         self.gradient_checkpointing = gradient_checkpointing
@@ -277,7 +282,7 @@ class LocalBackend:
         return PlanSettings(
             device="cuda" if str(device).startswith("cuda") else "cpu", lora_rank=_lora_rank(state.model),
             target_modules=tuple(values.get("target_modules") or DEFAULT_TARGETS), seq_len=self.max_seq_len or micro,
-            micro_batch_tokens=micro, dtype=self.dtype, gradient_checkpointing=self.gradient_checkpointing is True or self.gradient_checkpointing == 1,
+            micro_batch_tokens=micro, dtype=self.dtype, gradient_checkpointing=state.gradient_checkpointing is True or state.gradient_checkpointing == 1,
             inference=inference, gpu_memory_utilization=options.get("gpu_memory_utilization") or 0.9,
             tensor_parallel_size=options.get("tensor_parallel_size"), max_loras=options.get("max_loras") or vllm_max_loras(),
             max_model_len=options.get("max_model_len") or 4096, kv_cache_memory_bytes=options.get("kv_cache_memory_bytes"),
@@ -289,11 +294,20 @@ class LocalBackend:
 
         A model folder without a ``config.json``, or one the plan cannot read (a configuration it does not know), is
         left to the loader's own checks, with a warning."""
+        state.gradient_checkpointing = False if self.gradient_checkpointing == "auto" else self.gradient_checkpointing
         if not (state.model_path / "config.json").is_file():
             return
         settings = self._plan_settings(state)
         try:
-            result = check_at_register(state.model_path, settings)
+            try:
+                result = check_at_register(state.model_path, settings)
+            except PlanDoesNotFitError as error:
+                if self.gradient_checkpointing != "auto" or self.train_workers > 1:
+                    raise
+                result = check_at_register(state.model_path, replace(settings, gradient_checkpointing=True))
+                state.gradient_checkpointing = True
+                log.info("memory plan of %s: gradient checkpointing turned on (without it the step needs %.2f GiB of %.2f GiB)",
+                         state.model.name, error.need_bytes / 2**30, error.total_bytes / 2**30)  # fmt: skip
         except PlanDoesNotFitError:
             raise
         except Exception as error:  # noqa: BLE001 - the plan is a check before the load, never a new way to fail it
@@ -344,7 +358,7 @@ class LocalBackend:
 
                 state.trainer = PersistentLoRATrainer(state.model_path, workers=self.train_workers, **options)
             else:
-                state.trainer = LoRATrainer(state.model_path, gradient_checkpointing=self.gradient_checkpointing, **options)
+                state.trainer = LoRATrainer(state.model_path, gradient_checkpointing=state.gradient_checkpointing, **options)
         return state.trainer
 
     def tokenizer(self, model: Model) -> Any:

@@ -46,7 +46,6 @@ from typing import Any, Iterable
 from ..errors import ConfigError, InsufficientMemoryError
 from ..inference.devices import FIXED_OVERHEAD_BYTES, GIB
 from ..inference.vllm_server import CPU_KV_CACHE_BYTES, vllm_lora_rank
-from .attention import BLOCK, SCORE_BUDGET
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CPU_PROCESS_BYTES = int(0.38 * GIB)
@@ -371,6 +370,8 @@ def activation_bytes_per_token(shape: ModelShape, settings: PlanSettings) -> tup
 
 def trainer_parts(shape: ModelShape, settings: PlanSettings) -> tuple[list[Part], int, int]:
     """The trainer's parts, what it holds between steps, and its peak within a step."""
+    from .attention import BLOCK, SCORE_BUDGET  # imports torch: not at tracerl's import
+
     b, T, M = settings.dtype_bytes, settings.row_tokens, settings.batch_tokens
     rows = max(M // T, 1)
     lora = shape.lora_parameters(settings.lora_rank, settings.target_modules)
