@@ -26,6 +26,7 @@ from tracerl.serve.remote_backend import RemoteBackend
 from tracerl.tinker.backend import TinkerBackend
 from tracerl.train.local_backend import LocalBackend
 from tracerl.train.step_config import StepConfig
+from tinker_loopback import tinker_on_loopback
 
 KEY = "tml-tracerl-same-steps-key"
 SEED = 7
@@ -134,25 +135,8 @@ def _steps(tokenizer) -> list[list[tracerl.TrajectoryGroup]]:
 @pytest.fixture(scope="module")
 def tinker_url(tmp_path_factory):
     """``tracerl serve --tinker``'s app on loopback, in this process (the service started on the server's loop)."""
-    from tracerl.net.http_server import BackgroundUvicorn
-    from tracerl.serve.server import create_app
-    from tracerl.tinker.service import TinkerService
-
-    root = tmp_path_factory.mktemp("tinker-same")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TINKER_TELEMETRY", "0")
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        patch.delenv("TINKER_BASE_URL", raising=False)
-        service = TinkerService(root / "service", base_model="smollm2-135m")
-        http = BackgroundUvicorn(create_app(LocalBackend(root / "serve", inference=None), token=KEY, tinker=service), name="tinker-same")
-        url = f"http://127.0.0.1:{http.start()}"
-        assert http.loop is not None
-        asyncio.run_coroutine_threadsafe(service.start(), http.loop).result(timeout=300)
-        try:
-            yield url, service
-        finally:
-            asyncio.run_coroutine_threadsafe(service.close(), http.loop).result(timeout=60)
-            http.stop()
+    with tinker_on_loopback(tmp_path_factory.mktemp("tinker-same"), "tinker-same", token=KEY, base_model="smollm2-135m") as (url, service, _):
+        yield url, service
 
 
 def test_local_and_tinker_backends_train_the_same_groups_to_the_same_loss_and_gradient(tinker_url, tmp_path, smol_tokenizer):

@@ -19,6 +19,7 @@ import pytest
 
 tinker = pytest.importorskip("tinker")
 from tinker import types
+from tinker_loopback import tinker_on_loopback
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TENANTS = ("alice", "bob", "carol", "dave", "erin", "frank", "gina")
@@ -66,32 +67,15 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tracerl import LocalBackend
-    from tracerl.net.http_server import BackgroundUvicorn
-    from tracerl.serve.server import create_app
-    from tracerl.tinker.service import Limits, TinkerService
+    from tracerl.tinker.service import Limits
 
     limits = Limits(
         max_sampler_adapters=2, max_sampler_adapters_per_tenant=1, max_results_per_tenant=16, result_grace_s=1.0, result_ttl_s=600.0,
         max_sessions_per_tenant=3, session_idle_s=600.0, max_sampling_sessions_per_tenant=5, sampling_session_idle_s=600.0,
         max_num_samples=4, max_prompt_tokens=64, max_sample_tokens=16, sample_slots=1, max_samples_pending_per_tenant=6,
     )  # fmt: skip
-    root = tmp_path_factory.mktemp("tenants")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TINKER_TELEMETRY", "0")
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        patch.delenv("TINKER_BASE_URL", raising=False)
-        service = TinkerService(root / "service", keys=KEYS, limits=limits, max_models=8)
-        app = create_app(LocalBackend(root / "serve", inference=None), token="owner-token-not-a-tenant-key", tinker=service)
-        http = BackgroundUvicorn(app, name="tinker-tenants")
-        url = f"http://127.0.0.1:{http.start()}"
-        assert http.loop is not None
-        asyncio.run_coroutine_threadsafe(service.start(), http.loop).result(timeout=300)
-        try:
-            yield Server(url, service, http.loop)
-        finally:
-            asyncio.run_coroutine_threadsafe(service.close(), http.loop).result(timeout=60)
-            http.stop()
+    with tinker_on_loopback(tmp_path_factory.mktemp("tenants"), "tinker-tenants", keys=KEYS, limits=limits, max_models=8) as running:
+        yield Server(*running)
 
 
 @pytest.fixture(scope="module")

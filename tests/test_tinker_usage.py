@@ -10,7 +10,6 @@ cannot aim (a save refused with 429, which the SDK would retry for minutes), by 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -21,6 +20,7 @@ import pytest
 
 tinker = pytest.importorskip("tinker")
 from tinker import types
+from tinker_loopback import tinker_on_loopback
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TENANTS = ("quota", "meter", "other")
@@ -60,27 +60,11 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tracerl import LocalBackend
-    from tracerl.net.http_server import BackgroundUvicorn
-    from tracerl.serve.server import create_app
-    from tracerl.tinker.service import Limits, TinkerService
+    from tracerl.tinker.service import Limits
 
-    root = tmp_path_factory.mktemp("usage")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TINKER_TELEMETRY", "0")
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        patch.delenv("TINKER_BASE_URL", raising=False)
-        service = TinkerService(root / "service", keys=KEYS, limits=Limits(max_num_samples=4, max_sample_tokens=16), max_models=4)
-        app = create_app(LocalBackend(root / "serve", inference=None), token="owner-token-not-a-tenant-key", tinker=service)
-        http = BackgroundUvicorn(app, name="tinker-usage")
-        url = f"http://127.0.0.1:{http.start()}"
-        assert http.loop is not None
-        asyncio.run_coroutine_threadsafe(service.start(), http.loop).result(timeout=300)
-        try:
-            yield Server(url, service)
-        finally:
-            asyncio.run_coroutine_threadsafe(service.close(), http.loop).result(timeout=60)
-            http.stop()
+    limits = Limits(max_num_samples=4, max_sample_tokens=16)
+    with tinker_on_loopback(tmp_path_factory.mktemp("usage"), "tinker-usage", keys=KEYS, limits=limits, max_models=4) as (url, service, _):
+        yield Server(url, service)
 
 
 def test_a_save_above_the_disk_quota_answers_429_until_checkpoints_are_deleted(server):
