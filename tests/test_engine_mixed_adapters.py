@@ -18,17 +18,19 @@ from tracerl.inference.engine import GenerationEngine, GenerationJob
 TOLERANCE = 1e-4  # fp32: the same row in batches of other shapes and padding
 
 
-def _random_lora(model_path: Path, folder: Path, seed: int) -> Path:
-    """A rank-8 LoRA on every projection with random A and B (peft zeroes B by default), large enough
-    that the adapter changes the tiny model's logprobs by far more than :data:`TOLERANCE`."""
+ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _random_lora(model_path: Path, folder: Path, seed: int, **settings) -> Path:
+    """A LoRA (default: rank 8 on every projection) with random A and B (peft zeroes B by default), large
+    enough that the adapter changes the tiny model's logprobs by far more than :data:`TOLERANCE`."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
-                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip
+    config = LoraConfig(**{"r": 8, "lora_alpha": 16, "init_lora_weights": False, "target_modules": ALL_PROJECTIONS} | settings)
     model = get_peft_model(base, config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -41,7 +43,11 @@ def _random_lora(model_path: Path, folder: Path, seed: int) -> Path:
 @pytest.fixture(scope="module")
 def adapters(tiny_llama, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("mixed-adapters")
-    return {name: _random_lora(tiny_llama, root / name, seed) for seed, name in enumerate(("a", "b", "c"), start=1)}
+    folders = {name: _random_lora(tiny_llama, root / name, seed) for seed, name in enumerate(("a", "b", "c"), start=1)}
+    # another rank, other layers, rsLoRA's scaling: stacked beside the others with columns of its own
+    folders["d"] = _random_lora(tiny_llama, root / "d", 4, r=4, lora_alpha=6, use_rslora=True, target_modules=["q_proj", "v_proj", "down_proj"])
+    folders["dora"] = _random_lora(tiny_llama, root / "dora", 5, use_dora=True)  # not stackable: peft's adapter_names
+    return folders
 
 
 @pytest.fixture()
@@ -119,6 +125,7 @@ def test_rows_of_different_adapters_share_forwards_and_sample_what_they_sample_a
 
     _assert_same(mixed, alone)
     assert engine.stats["max_adapters"] == 3  # base, a and b in one forward
+    assert engine.stats["batched_lora"] >= 3  # their deltas stacked (BatchedLoRA), not peft's per-adapter loop
     assert engine.stats["joins"] >= len(second)
     assert engine.stats["max_rows"] == sum(job.n for job in jobs)
 
@@ -155,3 +162,26 @@ def test_an_adapter_unloaded_or_replaced_mid_batch_finishes_its_rows_and_is_dele
     _wait(lambda: not set(old.values()) & set(engine._peft.peft_config))  # deleted after their last rows (answered first)
     replaced = engine.submit(GenerationJob(prompt_ids=[1, 10, 11], adapter="a", n=2, temperature=1.0, seed=0, max_tokens=64, ignore_eos=True))
     assert [s.token_ids for s in replaced.result(60)] != [s.token_ids for s in alone[0]]  # now c's weights
+
+
+@pytest.mark.parametrize("other", ["d", "dora"])
+def test_adapters_of_other_ranks_layers_and_kinds_mixed_in_one_forward(engine, adapters, other):
+    """``d`` (rank 4 on three layer types, rsLoRA) stacks beside ``a``'s rank 8 on every layer.  A DoRA
+    adapter can neither be stacked nor passed in peft's ``adapter_names``: its rows decode in batches of
+    their own.  Both sample what they sample alone."""
+    engine.load_adapter(other, adapters[other])
+    jobs = [GenerationJob(prompt_ids=[1, 10 + i, 11, 12], adapter=name, n=2, temperature=1.0, seed=i, max_tokens=24, ignore_eos=True,
+                          top_logprobs=2) for i, name in enumerate(("a", None, other))]  # fmt: skip
+    alone = _alone(engine, jobs)
+    greedy = [engine.submit(GenerationJob(prompt_ids=[1, 40], adapter=name, temperature=0.0, max_tokens=8, ignore_eos=True)).result(60)
+              for name in ("a", other)]  # fmt: skip
+    assert max(abs(x - y) for x, y in zip(greedy[0][0].logprobs, greedy[1][0].logprobs)) > 100 * TOLERANCE  # they differ
+    batched = engine.stats["batched_lora"]
+    engine.pause()
+    futures = [engine.submit(job) for job in jobs]
+    engine.resume()
+    _assert_same([future.result(60) for future in futures], alone)
+    if other == "d":
+        assert engine.stats["max_adapters"] == 3 and engine.stats["batched_lora"] > batched
+    else:
+        assert engine.stats["max_adapters"] == 2 and engine.stats["batched_lora"] > batched  # a with the base; DoRA alone

@@ -1,10 +1,11 @@
 """The batched generation engine behind :class:`TransformersServer`.
 
 A worker thread decodes one batch of rows with a KV cache, one token per row per forward pass.
-Rows of different adapters (tenants) and of the base model share each forward: peft's per-row
-``adapter_names`` (``"__base__"`` for the base model) applies each row's own LoRA; a forward whose
-rows all use one adapter takes peft's plain path instead, which gathers no sub-batches (the common
-case of one policy served).  Jobs join a
+Rows of different adapters (tenants) and of the base model share each forward: each row's own LoRA
+is applied by :class:`~.multi_lora.BatchedLoRA` (one stacked product per layer, whatever the number
+of adapters), or by peft's per-row ``adapter_names`` for adapters that cannot be stacked (DoRA,
+``modules_to_save``, ...); a forward whose rows all use one adapter takes peft's plain path (the
+common case of one policy served).  Jobs join a
 running batch at the next decode step while it has room (``max_batch_rows``): their prompts are
 prefilled in the same forward that decodes the running rows' next token (the running rows' slot
 of that forward is masked padding before their one real token), and a job's prompt is prefilled
@@ -47,6 +48,7 @@ from typing import Any, Iterator
 
 from ..errors import ConfigError
 from ..types import GREEDY_BELOW
+from .multi_lora import BatchedLoRA
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +176,7 @@ class GenerationEngine:
         check_room_for(self.model_path, self.device, overhead=SERVE_OVERHEAD, what="the transformers server", dtype=self.dtype)
         self._base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
         self._peft: Any = None
+        self._batched: BatchedLoRA | None = None  # per-row adapters in one product (hooks on peft's LoRA layers)
         self.max_model_len = int(getattr(self._base.config, "max_position_embeddings", 2048) or 2048)
         self.vocab_size = int(self._base.get_input_embeddings().num_embeddings)
         eos = {self.tokenizer.eos_token_id}
@@ -198,11 +201,13 @@ class GenerationEngine:
         self.batch_wait_s = batch_wait_s
         self._worker: threading.Thread | None = None
         self.stats = {"batches": 0, "rows": 0, "max_rows": 0, "tokens": 0, "forwards": 0, "joins": 0, "max_adapters": 0,
-                      "prompt_tokens": 0}
+                      "prompt_tokens": 0, "batched_lora": 0}
         """``batches``: batches started empty; ``rows``: rows admitted; ``max_rows``: most rows in one forward;
         ``joins``: jobs that joined a running batch; ``max_adapters``: most distinct adapters (the
         base model counted as one) in one forward; ``prompt_tokens``: prompt tokens prefilled (once a job,
-        whatever its ``n``)."""
+        whatever its ``n``); ``batched_lora``: forwards of several adapters (or the base beside adapters) whose
+        LoRA deltas :class:`~tracerl.inference.multi_lora.BatchedLoRA` computed (the others of them: peft's
+        ``adapter_names``)."""
 
     # --- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -259,8 +264,10 @@ class GenerationEngine:
             if self._peft is None:
                 self._peft = PeftModel.from_pretrained(self._base, str(path), adapter_name=internal, is_trainable=False)
                 self._peft.eval()
+                self._batched = BatchedLoRA(self._peft)
             else:
                 self._peft.load_adapter(str(path), adapter_name=internal, is_trainable=False)
+                self._batched.refresh()
             old = self._adapters.get(name)
             self._adapters[name] = internal
             if old is not None:
@@ -295,6 +302,7 @@ class GenerationEngine:
             with warnings.catch_warnings():  # "adapter X was active which is now deleted"
                 warnings.simplefilter("ignore", UserWarning)
                 self._peft.delete_adapter(internal)
+            self._batched.refresh()
 
     # --- submission ------------------------------------------------------------------
     def submit(self, job: GenerationJob) -> concurrent.futures.Future:
@@ -363,11 +371,14 @@ class GenerationEngine:
 
         joining: list[tuple[GenerationJob, list[_Row]]] = []
         rows = len(batch.rows)
+        present = {row.internal for row in batch.rows}
         while waiting:
             job = waiting[0]
             empty = rows == 0
             if not empty and (rows + job.n > self.max_batch_rows or not self._fits(batch, [j for j, _ in joining] + [job])):
                 break
+            if not empty and not self._mixes(present | {self._adapters.get(job.adapter) if job.adapter is not None else None}):
+                break  # its adapter cannot share a forward with the batch's: it starts the next batch
             waiting.popleft()
             if not job.future.set_running_or_notify_cancel():  # cancelled while queued
                 continue
@@ -385,12 +396,21 @@ class GenerationEngine:
                 if internal is not None:
                     self._busy[internal] += 1  # replaced or unloaded meanwhile: deleted after its last row
             joining.append((job, job_rows))
+            present.add(internal)
             rows += job.n
         if joining:
             self.stats["batches"] += 0 if batch.rows else 1
             self.stats["joins"] += len(joining) if batch.rows else 0
             self.stats["rows"] += sum(len(job_rows) for _, job_rows in joining)
         return joining
+
+    def _mixes(self, internals: set[str | None]) -> bool:
+        """Whether rows of these peft adapters (None: the base model) can share a forward: one adapter always;
+        several when :class:`BatchedLoRA` stacks them all or peft's ``adapter_names`` takes them (not DoRA)."""
+        adapters = {name for name in internals if name is not None}
+        if len(internals) <= 1 or self._batched is None or all(self._batched.supports(name) for name in adapters):
+            return True
+        return not any(getattr(self._peft.peft_config.get(name), "use_dora", False) for name in adapters)
 
     def _fits(self, batch: "_Batch", jobs: list[GenerationJob]) -> bool:
         """Whether ``jobs`` may join the running ``batch``: its cache (padding included) then spans at most
@@ -484,6 +504,9 @@ class GenerationEngine:
         selected: contextlib.AbstractContextManager[Any] = contextlib.nullcontext(self._base)
         if self._peft is not None and len(set(names)) == 1 and names[0] is not None:  # one adapter for every row: peft's plain path
             selected = self._selected(names[0])
+        elif self._batched is not None and all(name is None or self._batched.supports(name) for name in names):
+            selected = self._batched.rows(names)  # several adapters (or the base): one stacked product per layer
+            self.stats["batched_lora"] += 1
         elif self._peft is not None:  # peft wraps the base in place on the first load: always call it then
             selected = contextlib.nullcontext(self._peft)
             kwargs["adapter_names"] = [name if name is not None else "__base__" for name in names]
