@@ -147,6 +147,48 @@ class _Batch:
         self.rows, self.cache, self.mask, self.last_positions, self.next_ids = [], None, None, None, []
 
 
+def _append_rows(cache: Any, mask: Any, fresh: Any, fresh_mask: Any) -> Any:
+    """Append ``fresh``'s rows (a cache of newly prefilled prompts) to ``cache`` as new rows, each side's
+    positions masked for the other's rows (``[old | fresh]`` along the positions); return the mask.
+    Attention reads keys by the mask and the keys carry their own positions, so where a row's
+    positions lie in the cache does not matter."""
+    import torch
+
+    rows, width = mask.shape
+    added, fresh_width = fresh_mask.shape
+    for layer, new in zip(cache.layers, fresh.layers, strict=True):
+        if layer.get_seq_length() == 0:
+            continue
+        for name in ("keys", "values"):
+            old, joined = getattr(layer, name), getattr(new, name)
+            top = torch.cat([old, old.new_zeros((*old.shape[:2], fresh_width, old.shape[-1]))], dim=-2)
+            bottom = torch.cat([joined.new_zeros((*joined.shape[:2], width, joined.shape[-1])), joined], dim=-2)
+            setattr(layer, name, torch.cat([top, bottom], dim=0))
+    return torch.cat([torch.cat([mask, mask.new_zeros((rows, fresh_width))], dim=1),
+                      torch.cat([fresh_mask.new_zeros((added, width)), fresh_mask], dim=1)])  # fmt: skip
+
+
+def _drop_dead_positions(cache: Any, mask: Any) -> Any:
+    """Drop the cache positions that are padding for every row left (the prompts of jobs that joined and
+    have finished); return the mask without them.
+
+    Why: each job that joins a running batch adds its prompt's width of positions to every row, so
+    under staggered arrivals the cache would widen until :meth:`GenerationEngine._fits` turns new
+    jobs away to wait for the batch to empty.  Positions are explicit (``position_ids``), so dropping
+    padding changes no row's attention.  Skipped for caches with sliding-window layers, whose
+    window counts positions, and unless a quarter of the width is dead (each drop copies the cache)."""
+    live = mask.bool().any(dim=0)
+    dead = int((~live).sum())
+    if dead == 0 or 4 * dead < mask.shape[1] or any(getattr(layer, "is_sliding", True) for layer in cache.layers):
+        return mask
+    index = live.nonzero().squeeze(-1)
+    for layer in cache.layers:  # what the layers' own batch_select_indices does, on the positions' axis
+        if layer.get_seq_length() > 0:
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+    return mask[:, index]
+
+
 class GenerationEngine:
     """A causal LM plus run-time peft adapters, generating queued jobs in batches."""
 
@@ -197,6 +239,7 @@ class GenerationEngine:
         self._running = threading.Event()
         self._running.set()
         self._queue: queue.Queue[GenerationJob | None] = queue.Queue()
+        self._waiting: collections.deque[GenerationJob] = collections.deque()  # taken from the queue, not yet admitted
         self.max_batch_rows = max_batch_rows
         self.batch_wait_s = batch_wait_s
         self._worker: threading.Thread | None = None
@@ -243,6 +286,11 @@ class GenerationEngine:
     @property
     def paused(self) -> bool:
         return not self._running.is_set()
+
+    @property
+    def jobs_waiting(self) -> int:
+        """Jobs submitted and not yet decoding (queued, or held while paused or while the batch is full)."""
+        return self._queue.qsize() + len(self._waiting)
 
     # --- adapters --------------------------------------------------------------------
     @property
@@ -315,7 +363,7 @@ class GenerationEngine:
     def _work(self) -> None:
         """Admit queued jobs into the running batch at each decode step; run until stopped."""
         batch = _Batch()
-        waiting: collections.deque[GenerationJob] = collections.deque()
+        waiting = self._waiting
         stopping = False
         while True:
             if not batch.rows and not waiting:
@@ -467,61 +515,28 @@ class GenerationEngine:
             self._lock.acquire()
 
     def _step(self, batch: "_Batch", joining: list[tuple[GenerationJob, list[_Row]]]) -> None:
-        """One forward: each running row's next token, and the prompts of the ``joining`` jobs (one cache
-        row per job, repeated for its samples); then sample every row, answer and drop the finished ones."""
+        """One decode step: each running row's next token, and the prompts of the ``joining`` jobs (one cache
+        row per job, repeated for its samples); then sample every row, answer and drop the finished ones.
+
+        Joining prompts are prefilled in a forward of their own and their cache rows appended beside the
+        running rows' (:func:`_append_rows`), so the running rows compute one position, not the prompts'
+        width of padding; where the cache has sliding-window layers, one forward takes both (the running
+        rows' slot of it masked padding before their one real token)."""
         import torch
 
         device = self.device
         running = len(batch.rows)
         prompts = [job.prompt_ids for job, _ in joining]
-        width = max([1 if running else 0] + [len(prompt) for prompt in prompts])  # the new positions of this pass
-        size = running + len(prompts)
-        input_ids = torch.full((size, width), self.pad_id, dtype=torch.long)
-        new_mask = torch.zeros((size, width), dtype=torch.long)
-        for i in range(running):  # masked padding, then the row's one real token
-            input_ids[i, -1] = batch.next_ids[i]
-            new_mask[i, -1] = 1
-        for j, prompt in enumerate(prompts):  # left-padded prompts
-            input_ids[running + j, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            new_mask[running + j, width - len(prompt) :] = 1
-        positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
-        input_ids, new_mask, positions = input_ids.to(device), new_mask.to(device), positions.to(device)
-        if running:
-            positions[:running] = batch.last_positions + 1  # padding's positions do not matter
-        mask = new_mask
-        if batch.cache is not None:
-            old_mask = batch.mask
-            if prompts:  # the joining jobs' rows of the cache: copies of row 0, all masked
-                grown = torch.tensor(list(range(running)) + [0] * len(prompts), dtype=torch.long, device=device)
-                batch.cache.batch_select_indices(grown)
-                old_mask = torch.cat([old_mask, torch.zeros((len(prompts), old_mask.shape[1]), dtype=torch.long, device=device)])
-            mask = torch.cat([old_mask, new_mask], dim=-1)
         names = [row.internal for row in batch.rows] + [rows[0].internal for _, rows in joining]
-        self.stats["forwards"] += 1
         self.stats["prompt_tokens"] += sum(len(prompt) for prompt in prompts)
         self.stats["max_adapters"] = max(self.stats["max_adapters"], len(set(names)))
-        kwargs: dict[str, Any] = {}
-        selected: contextlib.AbstractContextManager[Any] = contextlib.nullcontext(self._base)
-        if self._peft is not None and len(set(names)) == 1 and names[0] is not None:  # one adapter for every row: peft's plain path
-            selected = self._selected(names[0])
-        elif self._batched is not None and all(name is None or self._batched.supports(name) for name in names):
-            selected = self._batched.rows(names)  # several adapters (or the base): one stacked product per layer
-            self.stats["batched_lora"] += 1
-        elif self._peft is not None:  # peft wraps the base in place on the first load: always call it then
-            selected = contextlib.nullcontext(self._peft)
-            kwargs["adapter_names"] = [name if name is not None else "__base__" for name in names]
-        with torch.inference_mode(), selected as model:
-            out = model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_arg: batch.cache},
-                **kwargs,
-            )
-        cache = getattr(out, self._cache_arg, None)
-        logits = out.logits[:, -1, :].float()
+        if running and prompts and not any(getattr(layer, "is_sliding", True) for layer in batch.cache.layers):
+            decoded, cache, mask, positions = self._forward(batch.next_ids, [], batch, names[:running])
+            prefilled, fresh, new_mask, new_positions = self._forward([], prompts, _Batch(), names[running:])
+            mask = _append_rows(cache, mask, fresh, new_mask)
+            logits, positions = torch.cat([decoded, prefilled]), torch.cat([positions[:, -1:], new_positions[:, -1:]])
+        else:
+            logits, cache, mask, positions = self._forward(batch.next_ids if running else [], prompts, batch, names)
         last = positions[:, -1:]
         rows = list(batch.rows)
         if any(job.n > 1 for job, _ in joining):  # a job's prompt was computed once: repeat it for each sample
@@ -553,7 +568,61 @@ class GenerationEngine:
             cache.batch_select_indices(index)
             mask, last = mask[index], last[index]
             rows = [rows[i] for i in keep]
+            mask = _drop_dead_positions(cache, mask)
         batch.rows, batch.cache, batch.mask, batch.last_positions, batch.next_ids = rows, cache, mask, last, next_ids
+
+    def _forward(self, next_ids: list[int], prompts: list[list[int]], batch: "_Batch", names: list[str | None]) -> tuple[Any, Any, Any, Any]:
+        """One forward over ``batch``'s cache: the running rows' ``next_ids`` (one each) and the left-padded
+        ``prompts`` (new cache rows).  Returns the last position's fp32 logits per row, the cache, its
+        mask and the new positions."""
+        import torch
+
+        device = self.device
+        running = len(next_ids)
+        width = max([1 if running else 0] + [len(prompt) for prompt in prompts])  # the new positions of this pass
+        size = running + len(prompts)
+        input_ids = torch.full((size, width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((size, width), dtype=torch.long)
+        for i in range(running):  # masked padding, then the row's one real token
+            input_ids[i, -1] = next_ids[i]
+            new_mask[i, -1] = 1
+        for j, prompt in enumerate(prompts):  # left-padded prompts
+            input_ids[running + j, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            new_mask[running + j, width - len(prompt) :] = 1
+        positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
+        input_ids, new_mask, positions = input_ids.to(device), new_mask.to(device), positions.to(device)
+        if running:
+            positions[:running] = batch.last_positions + 1  # padding's positions do not matter
+        mask = new_mask
+        if batch.cache is not None:
+            old_mask = batch.mask
+            if prompts:  # the joining jobs' rows of the cache: copies of row 0, all masked
+                grown = torch.tensor(list(range(running)) + [0] * len(prompts), dtype=torch.long, device=device)
+                batch.cache.batch_select_indices(grown)
+                old_mask = torch.cat([old_mask, torch.zeros((len(prompts), old_mask.shape[1]), dtype=torch.long, device=device)])
+            mask = torch.cat([old_mask, new_mask], dim=-1)
+        self.stats["forwards"] += 1
+        kwargs: dict[str, Any] = {}
+        selected: contextlib.AbstractContextManager[Any] = contextlib.nullcontext(self._base)
+        if self._peft is not None and len(set(names)) == 1 and names[0] is not None:  # one adapter for every row: peft's plain path
+            selected = self._selected(names[0])
+        elif self._batched is not None and all(name is None or self._batched.supports(name) for name in names):
+            selected = self._batched.rows(names)  # several adapters (or the base): one stacked product per layer
+            self.stats["batched_lora"] += 1
+        elif self._peft is not None:  # peft wraps the base in place on the first load: always call it then
+            selected = contextlib.nullcontext(self._peft)
+            kwargs["adapter_names"] = [name if name is not None else "__base__" for name in names]
+        with torch.inference_mode(), selected as model:
+            out = model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_arg: batch.cache},
+                **kwargs,
+            )
+        return out.logits[:, -1, :].float(), getattr(out, self._cache_arg, None), mask, positions
 
     def prompt_logprobs(self, prompt_ids: list[int], adapter: str | None, top: int = 0) -> tuple[list[PromptLogprob | None], Any]:
         """Each prompt token's logprob given the tokens before it (vLLM's ``prompt_logprobs``; None first),
