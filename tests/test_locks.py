@@ -107,6 +107,8 @@ def test_installers_pins_agree_with_their_locks():
     vllm = read(vllm_lock.LOCK_FILE)
     assert disagreements([Requirement(vllm_lock.CPU_TORCH), Requirement(vllm_lock.CPU_VLLM)], vllm) == []
     assert not set(map(canonicalize_name, vllm_lock.BREAKS_BESIDE_CPU_TORCH)) & set(vllm)
+    gpu, cpu = Requirement(vllm_lock.GPU_VLLM), Requirement(vllm_lock.CPU_VLLM)
+    assert (gpu.name, str(gpu.specifier)) == ("vllm", str(cpu.specifier))  # a GPU runs the release the CPU tests ran
     verifiers = [Requirement(line) for line in (ROOT / "examples/verifiers_env/requirements.txt").read_text().splitlines()
                  if line.strip() and not line.startswith("#")]  # fmt: skip
     assert disagreements(verifiers, read(LOCKS["verifiers"].path)) == []

