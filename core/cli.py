@@ -207,6 +207,7 @@ def serve(
     gpu_memory_utilization: Optional[float] = typer.Option(None, help="vLLM: its share of each GPU (default 0.9); it sleeps during training steps on a GPU."),
     tinker: bool = typer.Option(False, "--tinker", help="Also speak the Tinker API (/api/v1) for the official tinker SDK; its key is --token (tml-...)."),
     tinker_keys: Optional[Path] = typer.Option(None, help="Tinker API tenants: a JSON object of API key (tml-...) -> tenant name; each tenant sees only its own models."),
+    tinker_sampler: str = typer.Option("transformers", help="The Tinker service's sampler: transformers (in this process; faster on a CPU) | vllm (multi-LoRA vLLM: what GPUs run)."),
     dtype: str = typer.Option("auto", help="Base weights in the trainers and servers: auto (bf16 on a GPU, fp32 on a CPU) | float32 | bfloat16."),
 ) -> None:
     """Serve a LocalBackend over HTTP: train here, roll out anywhere with tracerl.RemoteBackend(url)."""
@@ -268,6 +269,7 @@ def serve(
 
         if importlib.util.find_spec("tinker") is None:
             raise typer.BadParameter("needs the tinker SDK: pip install 'tracerl[tinker]'", param_hint="--tinker")
+        from .errors import ConfigError
         from .tinker.service import TinkerService, read_keys
 
         try:
@@ -276,7 +278,12 @@ def serve(
                 raise ValueError("the server's --token is also a tenant key: the owner's token must be its own")
         except (OSError, ValueError) as error:
             raise typer.BadParameter(str(error), param_hint="--tinker-keys") from error
-        tinker_service = TinkerService(Path(path) / "tinker", keys=keys, max_lora_rank=max_lora_rank, max_models=max_models, dtype=dtype)
+        vllm_options = {k: v for k, v in (("tensor_parallel_size", tensor_parallel_size), ("gpu_memory_utilization", gpu_memory_utilization)) if v is not None}
+        try:
+            tinker_service = TinkerService(Path(path) / "tinker", keys=keys, max_lora_rank=max_lora_rank, max_models=max_models, dtype=dtype,
+                                           sampler=tinker_sampler, sampler_options=vllm_options if tinker_sampler == "vllm" else None)  # fmt: skip
+        except ConfigError as error:
+            raise typer.BadParameter(str(error)) from error
         typer.echo(f"tracerl serve: Tinker API at {url}  ->  tinker.ServiceClient(base_url={url!r}, api_key=<--token>)", err=True)
     served = create_app(
         backend, token=token, max_body_bytes=int(max_body_mb * 2**20), policy=policy,

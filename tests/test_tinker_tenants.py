@@ -10,6 +10,7 @@ raw HTTP client.  Each test uses tenants of its own, so one test's tables do not
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from tinker import types
 from tinker_loopback import tinker_on_loopback
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
-TENANTS = ("alice", "bob", "carol", "dave", "erin", "frank", "gina")
+TENANTS = ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hana")
 KEYS = {f"tml-tenants-test-{name:0>8}": name for name in TENANTS}
 KEY = {name: key for key, name in KEYS.items()}
 PROMPT = [1, 2, 3, 4, 5]
@@ -210,6 +211,34 @@ def test_sampling_is_admitted_fairly_a_burst_delays_its_own_tenant(server):
     server.until(lambda: all(server.finished(r) for r in [*franks, ginas]), "every sample finished")
     before = [r for r in franks if server.finished(r) < server.finished(ginas)]
     assert len(before) <= 1, f"{len(before)} of frank's 6 finished before gina's one"
+
+
+def test_weights_asked_for_on_v1_stay_loaded_until_answered(server, clients):
+    """hana's /v1 request for her weights ``h1`` waits in the paused sampler; her Tinker sample of ``h2``
+    then needs her one adapter slot.  It waits for the /v1 answer instead of unloading ``h1`` under it
+    (which answered the /v1 request "adapter not loaded"), and both are answered."""
+    engine = server.service.sampler.engine
+    train = clients("hana").create_lora_training_client(base_model=BASE, rank=4, seed=2).result()
+    train.save_weights_for_sampler("h1").result()
+    h2 = clients("hana").create_sampling_client(model_path=train.save_weights_for_sampler("h2").result().path).result()
+    v1 = {"model": "h1", "prompt": "Hello", "max_tokens": 2, "temperature": 0.0}
+    assert httpx.post(f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {KEY['hana']}"}, json=v1, timeout=60).status_code == 200
+    waiting = engine.jobs_waiting
+    engine.pause()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            asked = pool.submit(httpx.post, f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {KEY['hana']}"}, json=v1, timeout=60)
+            server.until(lambda: engine.jobs_waiting > waiting, "the /v1 request waiting in the paused sampler")
+            sampled = pool.submit(lambda: h2.sample(types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=GREEDY).result())
+            time.sleep(1.0)  # h2's load has started: it evicts h1 now unless the /v1 request holds it
+            engine.resume()
+            answer = asked.result(60)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["text"] is not None
+            assert sampled.result(60).sequences
+    finally:
+        engine.resume()
+    assert server.stats("hana")["tenant"]["sampler_adapters_loaded"] <= 1
 
 
 def test_a_tenant_cannot_reach_or_learn_another_tenants_objects(server, clients):

@@ -466,31 +466,39 @@ async def _proxy(state: _State, request: Request, route: str) -> Response:
         raise ServeError(400, "invalid_request_error", f"the request body is not a JSON object: {error}") from error
     tenant = request.state.tenant
     internal = None
-    if state.tinker is not None and tenant is not None and isinstance(requested, str):
-        internal = await state.tinker.openai_name(tenant, requested)
-    if internal is not None:  # weights a Tinker client saved for sampling, on the service's multi-LoRA server
-        sampler = state.tinker.sampler  # type: ignore[union-attr]
-        content = json.dumps({**json.loads(content), "model": internal}).encode()
-        base_url, key = sampler.base_url, sampler.api_key
-    elif tenant is not None and state.tinker is not None and state.tinker.keys is not None:
-        raise ServeError(404, "not_found_error", f"The model `{requested}` is not one of your weights saved for sampling")
-    else:
-        model = state.upstream(requested)
-        base_url, key = model.inference_base_url, model.inference_api_key
-    headers = {"content-type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}  # the caller's own token stays here
-    if request.headers.get(ROLLOUT_HEADER):
-        headers[ROLLOUT_HEADER] = request.headers[ROLLOUT_HEADER]  # the call joins that rollout upstream
-    outgoing = state.http.build_request("POST", f"{base_url}{route}", content=content, headers=headers)
-    response = await _upstream_call(state.http.send(outgoing, stream=True), state.inference_timeout)
+    hold = contextlib.AsyncExitStack()  # a tenant's sampler weights stay loaded until the answer is relayed
+    try:
+        if state.tinker is not None and tenant is not None and isinstance(requested, str):
+            internal = await state.tinker.openai_name(tenant, requested, hold)
+        if internal is not None:  # weights a Tinker client saved for sampling, on the service's multi-LoRA server
+            sampler = state.tinker.sampler  # type: ignore[union-attr]
+            content = json.dumps({**json.loads(content), "model": internal}).encode()
+            base_url, key = sampler.base_url, sampler.api_key
+        elif tenant is not None and state.tinker is not None and state.tinker.keys is not None:
+            raise ServeError(404, "not_found_error", f"The model `{requested}` is not one of your weights saved for sampling")
+        else:
+            model = state.upstream(requested)
+            base_url, key = model.inference_base_url, model.inference_api_key
+        headers = {"content-type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}  # the caller's own token stays here
+        if request.headers.get(ROLLOUT_HEADER):
+            headers[ROLLOUT_HEADER] = request.headers[ROLLOUT_HEADER]  # the call joins that rollout upstream
+        outgoing = state.http.build_request("POST", f"{base_url}{route}", content=content, headers=headers)
+        response = await _upstream_call(state.http.send(outgoing, stream=True), state.inference_timeout)
+    except BaseException:
+        await hold.aclose()
+        raise
     return StreamingResponse(
-        _relay(response), status_code=response.status_code, media_type=response.headers.get("content-type", "application/json")
+        _relay(response, hold), status_code=response.status_code, media_type=response.headers.get("content-type", "application/json")
     )
 
 
-async def _relay(response: httpx.Response) -> AsyncIterator[bytes]:
-    """Chunks as they come; the upstream response is closed even when the client goes away."""
+async def _relay(response: httpx.Response, hold: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
+    """Chunks as they come; the upstream response is closed (and ``hold`` released) even when the client goes away."""
     try:
         async for chunk in response.aiter_bytes():
             yield chunk
     finally:
-        await response.aclose()
+        try:
+            await response.aclose()
+        finally:
+            await hold.aclose()

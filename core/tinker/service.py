@@ -3,9 +3,9 @@
 Every training client is a LoRA of one shared :class:`~tracerl.tinker.lora_pool.LoRAPool`; its
 operations run one at a time on one compute thread, each run's strictly in the ``seq_id``
 order the SDK numbers them (a retried request gets its first answer, never a second run).
-Weights saved for sampling are served by one multi-LoRA
-:class:`~tracerl.inference.transformers_server.TransformersServer`, where sampling runs
-beside training; the adapters it holds are capped per tenant and in all, the least recently used
+Weights saved for sampling are served by one multi-LoRA sampler
+(:mod:`tracerl.tinker.samplers`: tracerl's transformers engine in this process, or a vLLM server),
+where sampling runs beside training; the adapters it holds are capped per tenant and in all, the least recently used
 unloaded first and loaded again on demand (:mod:`tracerl.tinker.sampler_adapters`).  Sampling
 requests pass a fair admission of their own (:class:`~tracerl.tinker.fair_queue.FairGate`).
 Results are futures the SDK polls (:meth:`TinkerService.wait`).
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import hmac
@@ -50,6 +51,7 @@ from ..runs.durable import atomic_dir, atomic_write_text, remove_dir, repair_dir
 from .fair_queue import FairGate, FairQueue, QueueFullError
 from .lora_pool import AdapterSpec, LoRAPool
 from .sampler_adapters import SamplerAdapters
+from .samplers import SAMPLERS, SampleRequest, Sampler, make_sampler
 from .usage import Usage, dir_bytes
 
 log = logging.getLogger("tracerl.tinker")
@@ -231,15 +233,20 @@ class TinkerService:
     def __init__(
         self, root: str | Path, *, base_model: str = "smollm2-135m", keys: Mapping[str, str] | None = None,
         max_models: int = 4, max_lora_rank: int = 64, max_queued: int = 256, longpoll_s: float = 35.0, dtype: str = "auto",
-        limits: Limits | None = None,
+        limits: Limits | None = None, sampler: str = "transformers", sampler_options: Mapping[str, Any] | None = None,
     ) -> None:  # fmt: skip
         """``dtype``: the base weights' format in the adapter pool and the sampler (``"auto"``: bf16 on a
         GPU, fp32 on a CPU; :data:`tracerl.inference.devices.DTYPES`).  ``limits``: None reads
-        :meth:`Limits.from_env` (the defaults, each ``TRACERL_TINKER_<NAME>`` set overriding one)."""
+        :meth:`Limits.from_env` (the defaults, each ``TRACERL_TINKER_<NAME>`` set overriding one).
+        ``sampler``: ``"transformers"`` or ``"vllm"`` (:mod:`tracerl.tinker.samplers`); ``sampler_options``:
+        more :class:`~tracerl.inference.vllm_server.VLLMServer` settings for a vLLM sampler."""
         from ..inference.devices import DTYPES
 
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+        if sampler not in SAMPLERS:
+            raise ConfigError(f"sampler must be one of {', '.join(map(repr, SAMPLERS))}, got {sampler!r}")
+        self.sampler_kind, self.sampler_options = sampler, dict(sampler_options or {})
         self.dtype = None if dtype == "auto" else dtype
         self.root = Path(root)
         self.model_path = resolve_base_model(base_model)
@@ -257,7 +264,7 @@ class TinkerService:
         self.served: dict[tuple[str, str], tuple[str, Path]] = {}
         """(tenant, checkpoint name) -> the sampler's unique name for it and its folder: what ``/v1`` serves a tenant."""
         self.pool: LoRAPool | None = None
-        self.sampler: Any = None  # TransformersServer
+        self.sampler: Sampler | None = None  # made at start (:func:`~tracerl.tinker.samplers.make_sampler`)
         self.compute = FairQueue(max_queued_per_tenant=max_queued)
         self.sampling_gate = FairGate(slots=self.limits.sample_slots, max_queued_per_tenant=self.limits.max_samples_pending_per_tenant,
                                       active_s=self.limits.sample_share_active_s)
@@ -274,15 +281,15 @@ class TinkerService:
 
     # -- life -----------------------------------------------------------------------
     async def start(self) -> None:
-        from ..inference.transformers_server import TransformersServer
-
         self.loop = asyncio.get_running_loop()
         self.root.mkdir(parents=True, exist_ok=True)
         self.usage.load(self.root / USAGE_FILE)
         self.pool = await asyncio.to_thread(functools.partial(LoRAPool, self.model_path, dtype=self.dtype))
         await asyncio.to_thread(self._resume)
-        self.sampler = TransformersServer(self.model_path, served_name=self.model_name, dtype=self.dtype,
-                                          max_batch_rows=self.limits.sample_batch_rows)
+        self.sampler = make_sampler(
+            self.sampler_kind, self.model_path, served_name=self.model_name, dtype=self.dtype, max_batch_rows=self.limits.sample_batch_rows,
+            max_loras=self.limits.max_sampler_adapters, max_lora_rank=self.max_lora_rank, **self.sampler_options,
+        )  # fmt: skip
         await self.sampler.start()
         self.spawn(self._sweep_forever())
         log.info("tinker service: %s ready (checkpoints in %s; %s)", self.model_name, self.root, self.limits)
@@ -326,13 +333,10 @@ class TinkerService:
 
     # -- the sampler's adapters (SamplerAdapters calls these in a worker thread) ------------------
     def _load_adapter(self, name: str, folder: Path) -> None:
-        self.sampler.engine.load_adapter(name, folder)
-        self.sampler.answer_as[name] = folder.name  # /v1 answers carry the tenant's own name
+        self.sampler.load_adapter(name, folder, folder.name)  # /v1 answers carry the tenant's own name
 
     def _unload_adapter(self, name: str) -> None:
-        if self.sampler.engine.has_adapter(name):
-            self.sampler.engine.unload_adapter(name)
-        self.sampler.answer_as.pop(name, None)
+        self.sampler.unload_adapter(name)
 
     def stats(self, tenant: str) -> dict[str, Any]:
         """The limits, the tenant's own counts, and the sampler's adapter counts (numbers, no names)."""
@@ -351,7 +355,7 @@ class TinkerService:
             },
             "service": {
                 "sampler_adapters_loaded": self.adapters.count(),
-                "sampler_adapters_in_engine": len(self.sampler.engine.adapter_names) if self.sampler is not None else 0,
+                "sampler_adapters_in_engine": self.sampler.adapters_loaded if self.sampler is not None else 0,
                 "sampler_adapters_peak": self.adapters.peak,
                 "sampler_adapter_loads": self.adapters.loads,
                 "sampler_adapter_evictions": self.adapters.evictions,
@@ -475,9 +479,11 @@ class TinkerService:
                 found = tenant
         return found
 
-    async def openai_name(self, tenant: str, requested: str) -> str | None:
+    async def openai_name(self, tenant: str, requested: str, hold: contextlib.AsyncExitStack) -> str | None:
         """The sampler's name for what ``tenant`` asks ``/v1`` for: the base model, or one of its
-        weights saved for sampling by checkpoint name (``agent@3``: its newest run's); None: not ours."""
+        weights saved for sampling by checkpoint name (``agent@3``: its newest run's); None: not ours.
+        Weights are loaded (again, if evicted) and kept from eviction until ``hold`` closes: the
+        request's answer has been relayed."""
         if requested in self.sampler.base_names:
             return requested
         found = self.served.get((tenant, requested))
@@ -485,15 +491,14 @@ class TinkerService:
             return None
         internal, folder = found
         try:
-            async with self.adapters.use(internal, tenant, folder):  # loaded (again, if evicted), the most recently used
-                pass
+            await hold.enter_async_context(self.adapters.use(internal, tenant, folder))
         except (LookupError, ConfigError):  # dropped, or its folder deleted, meanwhile
             return None
         return internal
 
     @property
     def max_context_length(self) -> int:
-        return int(self.sampler.engine.max_model_len)
+        return self.sampler.max_model_len
 
     def check_base_model(self, name: str | None) -> str:
         if name is None or name == self.model_name or name.lower() in EMBEDDED_ALIASES and self.model_name == EMBEDDED_NAME:
@@ -863,7 +868,7 @@ class TinkerService:
             raise ConfigError("the prompt is empty")
         if len(prompt) > limits.max_prompt_tokens:
             raise ConfigError(f"the prompt has {len(prompt)} tokens; this server takes at most {limits.max_prompt_tokens} (max_prompt_tokens)")
-        vocab = self.sampler.engine.vocab_size
+        vocab = self.sampler.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ConfigError(f"the prompt must be token ids in [0, {vocab})")
         room = self.max_context_length - len(prompt)
@@ -935,29 +940,17 @@ class TinkerService:
 
     async def _sample(self, adapter: str | None, prompt: list[int], n: int, params: dict[str, Any], with_prompt: bool, counts: dict[str, int]) -> bytes:
         """Sampled (``counts["tokens_sampled"]``: the tokens it generated)."""
-        from ..inference.engine import GenerationJob
         from .wire import sample_response
 
-        engine = self.sampler.engine
         stop = params.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
-        max_tokens = params["max_tokens"]
-        job = GenerationJob(
-            prompt_ids=prompt, adapter=adapter, n=n, temperature=float(params.get("temperature", 1.0)),
-            top_p=float(params.get("top_p", 1.0)), top_k=max(int(params.get("top_k", -1)), 0), max_tokens=max_tokens,
+        request = SampleRequest(
+            prompt=prompt, adapter=adapter, n=n, max_tokens=params["max_tokens"], temperature=float(params.get("temperature", 1.0)),
+            top_p=float(params.get("top_p", 1.0)), top_k=max(int(params.get("top_k", -1)), 0),
             stop=[s for s in stop if isinstance(s, str)], stop_token_ids=[s for s in stop if isinstance(s, int)],
-            seed=params.get("seed"),
+            seed=params.get("seed"), with_prompt_logprobs=with_prompt,
         )  # fmt: skip
-        scored = None
-        if with_prompt:
-            entries, last = await asyncio.to_thread(engine.prompt_logprobs, prompt, adapter)
-            scored = [entry.logprob for entry in entries[1:]]
-            if n == 1 and max_tokens == 1:  # compute_logprobs: the one token comes from the scoring pass
-                one = engine.one_token(last, job.temperature, job.seed, top_p=job.top_p, top_k=job.top_k)
-                finish = "stop" if one.token_ids[-1] in job.stop_token_ids else one.finish_reason
-                counts["tokens_sampled"] += len(one.token_ids)
-                return sample_response([(one.token_ids, one.logprobs, finish)], scored)
-        samples = await asyncio.wrap_future(engine.submit(job))
+        samples, scored = await self.sampler.sample(request)
         counts["tokens_sampled"] += sum(len(s.token_ids) for s in samples)
         return sample_response([(s.token_ids, s.logprobs, s.finish_reason) for s in samples], scored)
 
