@@ -497,9 +497,10 @@ class GenerationEngine:
         if self._peft is None:
             yield self._base
         elif internal is None:
-            with self._peft.disable_adapter():
-                yield self._peft
+            self._batched.peft_layers(on=False)  # the base model: no adapter computed
+            yield self._peft
         else:
+            self._batched.peft_layers(on=True)
             if self._peft.active_adapter != internal:
                 self._peft.set_adapter(internal)
             yield self._peft
@@ -610,6 +611,7 @@ class GenerationEngine:
             selected = self._batched.rows(names)  # several adapters (or the base): one stacked product per layer
             self.stats["batched_lora"] += 1
         elif self._peft is not None:  # peft wraps the base in place on the first load: always call it then
+            self._batched.peft_layers(on=True)
             selected = contextlib.nullcontext(self._peft)
             kwargs["adapter_names"] = [name if name is not None else "__base__" for name in names]
         with torch.inference_mode(), selected as model:

@@ -15,8 +15,8 @@ where ``row_mask[row, column]`` is the row's adapter's ``scaling`` on that adapt
 elsewhere (a base-model row keeps none).  It is the dense form of S-LoRA/Punica's per-row gather:
 the unused columns cost ``adapters × rank`` extra multiply-adds per input feature, small beside the
 base layer's.  The weights stay peft's own (each layer's ``lora_A``/``lora_B``/``scaling``); peft
-computes the base layers (its adapters disabled for that forward) and a forward hook adds the
-delta.  Adapters this does not express (DoRA and other variants, LoRA biases, embedding or
+computes the base layers (its adapter layers switched off, :meth:`BatchedLoRA.peft_layers`) and a
+forward hook adds the delta.  Adapters this does not express (DoRA and other variants, LoRA biases, embedding or
 convolution LoRA, ``modules_to_save``, trainable tokens) keep peft's ``adapter_names`` path:
 :meth:`BatchedLoRA.supports` says which.
 """
@@ -41,6 +41,7 @@ class BatchedLoRA:
         self._supported: dict[str, bool] = {}
         self._stacks: collections.OrderedDict[tuple[str, ...], dict[Any, tuple[Any, Any, Any]]] = collections.OrderedDict()
         self._active: dict[Any, tuple[Any, Any, Any]] | None = None  # layer -> (A stack, B stack, row mask) for this forward
+        self._layers_on = True  # peft's LoRA layers compute their adapter (see peft_layers)
         self.refresh()
 
     def _lora_layers(self) -> Iterator[Any]:
@@ -52,7 +53,10 @@ class BatchedLoRA:
 
     def refresh(self) -> None:
         """Hook LoRA layers that appeared (an adapter with new target modules); forget stacks and verdicts of
-        adapters no longer loaded.  Call after every adapter load or delete."""
+        adapters no longer loaded; switch peft's layers back on (new ones start on).  Call after every
+        adapter load or delete."""
+        self._layers_on = False
+        self.peft_layers(on=True)
         for layer in self._lora_layers():
             if id(layer) not in self._hooked:
                 layer.register_forward_hook(self._add_delta)
@@ -105,11 +109,21 @@ class BatchedLoRA:
                 masks[key] = (row_slots.to(device)[:, None] == column_slots[None, :]).to(a_stack.dtype) * column_scale[None, :]
             active[layer] = (a_stack, b_stack, masks[key])
         self._active = active
+        self.peft_layers(on=False)
         try:
-            with self.peft_model.disable_adapter():
-                yield self.peft_model
+            yield self.peft_model
         finally:
             self._active = None
+
+    def peft_layers(self, *, on: bool) -> None:
+        """Switch peft's own LoRA computation on (a forward through peft's plain path) or off (a stacked
+        forward: the layers compute the base only, the hooks add the deltas).  The switch is kept between
+        forwards and made only when it changes: peft's ``disable_adapter()`` context, entered every forward,
+        cost more than a decode step (it reads every layer's status) with a dozen adapters loaded."""
+        if self._layers_on != on:
+            base = self.peft_model.base_model
+            (base.enable_adapter_layers if on else base.disable_adapter_layers)()
+            self._layers_on = on
 
     def _stacks_for(self, present: tuple[str, ...]) -> dict[Any, tuple[Any, Any, Any, Any]]:
         """Per LoRA layer holding any of ``present``: A stacked (rank rows per adapter), B side by side, each column's
