@@ -73,7 +73,21 @@ class Sampler(Protocol):
     async def sample(self, request: SampleRequest) -> tuple[list[Sampled], list[float] | None]: ...
 
 
-class TransformersSampler:
+class _OverServer:
+    """What tenants' ``/v1`` requests are proxied to: the inference server's own URL and key."""
+
+    server: Any
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def api_key(self) -> str:
+        return self.server.api_key
+
+
+class TransformersSampler(_OverServer):
     """tracerl's transformers engine, in this process."""
 
     def __init__(self, model_path: Path, *, served_name: str, dtype: Any, max_batch_rows: int) -> None:
@@ -84,14 +98,6 @@ class TransformersSampler:
     @property
     def engine(self) -> Any:
         return self.server.engine
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    @property
-    def api_key(self) -> str:
-        return self.server.api_key
 
     @property
     def base_names(self) -> set[str]:
@@ -145,7 +151,7 @@ class TransformersSampler:
         return [Sampled(s.token_ids, s.logprobs, s.finish_reason) for s in samples], scored
 
 
-class VLLMSampler:
+class VLLMSampler(_OverServer):
     """A vLLM server with run-time LoRA (its own process, from tracerl's vLLM runtime)."""
 
     def __init__(self, model_path: Path, *, served_name: str, dtype: Any, max_loras: int, max_lora_rank: int,
@@ -164,14 +170,6 @@ class VLLMSampler:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loaded: set[str] = set()
         self._http: Any = None
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    @property
-    def api_key(self) -> str:
-        return self.server.api_key
 
     @property
     def base_names(self) -> set[str]:
