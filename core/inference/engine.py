@@ -147,6 +147,12 @@ class _Batch:
         self.rows, self.cache, self.mask, self.last_positions, self.next_ids = [], None, None, None, []
 
 
+def _has_sliding_layers(cache: Any) -> bool:
+    """Whether any layer of ``cache`` keeps a sliding window (or does not say): its window counts positions,
+    so positions may be neither appended beside others nor dropped."""
+    return any(getattr(layer, "is_sliding", True) for layer in cache.layers)
+
+
 def _append_rows(cache: Any, mask: Any, fresh: Any, fresh_mask: Any) -> Any:
     """Append ``fresh``'s rows (a cache of newly prefilled prompts) to ``cache`` as new rows, each side's
     positions masked for the other's rows (``[old | fresh]`` along the positions); return the mask.
@@ -179,7 +185,7 @@ def _drop_dead_positions(cache: Any, mask: Any) -> Any:
     window counts positions, and unless a quarter of the width is dead (each drop copies the cache)."""
     live = mask.bool().any(dim=0)
     dead = int((~live).sum())
-    if dead == 0 or 4 * dead < mask.shape[1] or any(getattr(layer, "is_sliding", True) for layer in cache.layers):
+    if dead == 0 or 4 * dead < mask.shape[1] or _has_sliding_layers(cache):
         return mask
     index = live.nonzero().squeeze(-1)
     for layer in cache.layers:  # what the layers' own batch_select_indices does, on the positions' axis
@@ -531,7 +537,7 @@ class GenerationEngine:
         names = [row.internal for row in batch.rows] + [rows[0].internal for _, rows in joining]
         self.stats["prompt_tokens"] += sum(len(prompt) for prompt in prompts)
         self.stats["max_adapters"] = max(self.stats["max_adapters"], len(set(names)))
-        if running and prompts and not any(getattr(layer, "is_sliding", True) for layer in batch.cache.layers):
+        if running and prompts and not _has_sliding_layers(batch.cache):
             decoded, cache, mask, positions = self._forward(batch.next_ids, [], batch, names[:running])
             prefilled, fresh, new_mask, new_positions = self._forward([], prompts, _Batch(), names[running:])
             mask = _append_rows(cache, mask, fresh, new_mask)
