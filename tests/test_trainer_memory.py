@@ -131,3 +131,27 @@ def test_bf16_makes_no_fp32_copy_of_the_output_embedding(tmp_path):
         metrics = trainer.step([batch], StepConfig(learning_rate=1e-4, max_mismatch_kl=None))
     assert metrics["trained_tokens"] > 0 and math.isfinite(metrics["loss"])
     assert seen.copies == 0
+
+
+@pytest.mark.parametrize("which", ["LoRATrainer", "LoRAPool"])
+def test_the_base_model_is_loaded_straight_onto_its_device_in_its_dtype(tmp_path, monkeypatch, which):
+    """tracerl's trainer and the Tinker service's both ask transformers for the base on its device and in its dtype
+    (``device_map``): an 8B model is never first materialised whole in the CPU's memory and then moved."""
+    import transformers
+
+    from tracerl.tinker.lora_pool import LoRAPool
+    from tracerl.train.trainer import LoRATrainer
+
+    real = transformers.AutoModelForCausalLM.from_pretrained
+    asked: list[dict] = []
+
+    def spy(*args, **kwargs):  # the real loader, with what it was asked for noted
+        asked.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    folder = write_model(tmp_path / "narrow", torch.bfloat16)
+    loaded = {"LoRATrainer": LoRATrainer, "LoRAPool": LoRAPool}[which](folder, device="cpu", dtype=torch.bfloat16)
+    assert [(kw.get("device_map"), kw.get("dtype")) for kw in asked] == [("cpu", torch.bfloat16)]
+    base = loaded.model.get_base_model() if which == "LoRATrainer" else loaded.base
+    assert {p.dtype for name, p in base.named_parameters() if "lora_" not in name} == {torch.bfloat16}

@@ -90,8 +90,8 @@ class LoRAPool:
         self.device = device or default_device()
         self.dtype = dtype_for(self.device, dtype)
         check_room_for(model_path, self.device, overhead=TRAIN_OVERHEAD, what="the trainer", dtype=self.dtype)
-        base, attention = load_causal_lm(model_path, self.dtype)
-        self.base = base.to(self.device)
+        # straight onto the device in its dtype: no full copy on the CPU first
+        self.base, attention = load_causal_lm(model_path, self.dtype, self.device)
         self.base.config.use_cache = False
         self.policy_forward = PolicyForward(self.base, implementation=attention, device=self.device, dtype=self.dtype)
         self.policy_forward.check_against_model(self.base.get_input_embeddings().num_embeddings)
