@@ -4,6 +4,7 @@ from the model."""
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -145,10 +146,21 @@ def test_local_backend_starts_vllm_with_the_models_rank_and_refuses_one_vllm_can
     model = tracerl.TrainableModel("eight", "tests", "smollm2-135m", lora_config={"r": 8})
     state = _Registered(model=model, run_dir=model.run_dir, model_path=tmp_path, lock=None)  # type: ignore[arg-type]
     assert {k: v for k, v in explicit._server_options(state, lora=True).items() if k.startswith("max_")} == {"max_lora_rank": 64, "max_loras": 6}
+    for staleness, slots in ((0, 2), (3, 5)):  # a PipelineTrainer created before register announces its staleness
+        piped = LocalBackend(tmp_path, inference="vllm", device="cpu")
+        model = tracerl.TrainableModel(f"piped{staleness}", "tests", "smollm2-135m", lora_config={"r": 8})
+        tracerl.PipelineTrainer(model, piped, _no_rollout, [], max_steps=1, max_staleness=staleness)
+        state = _Registered(model=model, run_dir=model.run_dir, model_path=tmp_path, lock=None)  # type: ignore[arg-type]
+        assert piped._server_options(state, lora=True)["max_loras"] == slots
+        assert piped._plan_settings(state).max_loras == slots  # the memory plan counts the same slots
+
+
+async def _no_rollout(model, scenario, config):
+    raise AssertionError("no rollout runs here")
 
 
 @pytest.mark.real_model
-async def test_a_rank_32_lora_hot_loads_into_vllm(tmp_path):
+async def test_a_rank_32_lora_hot_loads_into_vllm(tmp_path, caplog):
     """vLLM started by ``LocalBackend`` for a rank-32 LoRA takes it: checkpoint 0 hot-loads at register and the
     adapter answers (started with vLLM's old fixed ``max_lora_rank=16``, vLLM refuses the adapter's load)."""
     from tracerl.inference.vllm_server import vllm_python
@@ -157,10 +169,14 @@ async def test_a_rank_32_lora_hot_loads_into_vllm(tmp_path):
         pytest.skip("the vLLM runtime is not installed (make install-vllm)")
     backend = LocalBackend(tmp_path, inference="vllm", device="cpu", server_options={"kv_cache_memory_bytes": 256 << 20})
     model = tracerl.TrainableModel("wide", "tests", "smollm2-135m", lora_config={"r": 32, "alpha": 64})
+    tracerl.PipelineTrainer(model, backend, _no_rollout, [], max_steps=1, max_staleness=2)  # created before register
     try:
         await model.register(backend)
         server = backend._models["wide"].server
-        assert server.max_lora_rank == 32 and server.max_loras == 3
+        assert server.max_lora_rank == 32 and server.max_loras == 4  # the newest, the previous, one per step of staleness
+        with caplog.at_level(logging.WARNING, logger="tracerl"):  # a staler pipeline after vLLM started: told how to fit
+            tracerl.PipelineTrainer(model, backend, _no_rollout, [], max_steps=1, max_staleness=3)
+        assert "max_loras=4" in caplog.text and "{'max_loras': 5}" in caplog.text
         reply = await model.openai_client().chat.completions.create(
             model=model.get_inference_name(0), messages=[{"role": "user", "content": "Say hi"}], max_tokens=4, temperature=0
         )

@@ -139,6 +139,9 @@ class PipelineTrainer:
         )  # fmt: skip
         self.train_kwargs = _train_keywords(given, dict(train_kwargs or {}))
         inspect.signature(backend.train).bind(model, [], **self.train_kwargs)  # a keyword the backend does not take: TypeError now
+        expect_staleness = getattr(backend, "expect_staleness", None)  # LocalBackend: vLLM's LoRA slots for every policy served
+        if expect_staleness is not None:
+            expect_staleness(model, max_staleness)
         self.eval_every_n_steps = eval_every_n_steps
         self.checkpoint_retention = checkpoint_retention
         self.max_exceptions, self.rollout_timeout = max_exceptions, rollout_timeout

@@ -150,6 +150,26 @@ class LocalBackend:
         self.train_workers = train_workers
         self.gradient_checkpointing = gradient_checkpointing
         self._models: dict[str, _Registered] = {}
+        self._staleness: dict[str, int] = {}  # model name -> the largest max_staleness a PipelineTrainer announced
+
+    def expect_staleness(self, model: Model, max_staleness: int) -> None:
+        """A :class:`~tracerl.PipelineTrainer` announces how stale its groups may be: vLLM needs a LoRA slot for every
+        policy served at once (:func:`~tracerl.train.memory_plan.vllm_max_loras`), and sizes its slots at start-up.
+
+        Announced before ``register`` (a pipeline created first), vLLM starts with the slots.  After it, a vLLM
+        started with fewer slots keeps serving every policy, but a batch that mixes more policies than it has
+        slots is split, which costs throughput: that is logged, with the setting that avoids it."""
+        self._staleness[model.name] = max(max_staleness, self._staleness.get(model.name, 0))
+        state = self._models.get(model.name)
+        server = state.server if state is not None else None
+        wanted = vllm_max_loras(self._staleness[model.name])
+        if isinstance(server, VLLMServer) and server.enable_lora and server.max_loras < wanted:
+            log.warning(
+                "%s: vLLM was started with max_loras=%d, and a PipelineTrainer with max_staleness=%d serves up to %d policies "
+                "at once; batches that mix more than %d are split (throughput, not results). Create the PipelineTrainer "
+                "before model.register(backend), or pass LocalBackend(server_options={'max_loras': %d}).",
+                model.name, server.max_loras, max_staleness, wanted, server.max_loras, wanted,
+            )  # fmt: skip
 
     # -- registration -------------------------------------------------------------
     async def register(self, model: Model) -> None:
@@ -268,9 +288,14 @@ class LocalBackend:
     def _vllm_lora_options(self, state: _Registered) -> dict[str, Any]:
         """vLLM's ``max_lora_rank``: the model's LoRA rank rounded up to one vLLM accepts (a rank it cannot serve
         is a :class:`ConfigError` here, not a refused hot-load after the first step); ``max_loras``: the
-        policies served at once (:func:`~tracerl.train.memory_plan.vllm_max_loras`)."""
+        policies served at once (:func:`~tracerl.train.memory_plan.vllm_max_loras`, for the staleness a
+        :class:`~tracerl.PipelineTrainer` announced through :meth:`expect_staleness`)."""
         rank = _lora_rank(state.model)
-        return {"max_lora_rank": vllm_lora_rank(rank), "max_loras": vllm_max_loras()}
+        return {"max_lora_rank": vllm_lora_rank(rank), "max_loras": self._max_loras(state)}
+
+    def _max_loras(self, state: _Registered) -> int:
+        """vLLM's LoRA slots: ``server_options``' own, else the policies this model's pipeline serves at once."""
+        return self.server_options.get("max_loras") or vllm_max_loras(self._staleness.get(state.model.name, 1))
 
     def _plan_settings(self, state: _Registered) -> PlanSettings:
         """The memory plan's settings of this backend and ``state``'s model (:mod:`tracerl.train.memory_plan`)."""
@@ -284,7 +309,7 @@ class LocalBackend:
             target_modules=tuple(values.get("target_modules") or DEFAULT_TARGETS), seq_len=self.max_seq_len or micro,
             micro_batch_tokens=micro, dtype=self.dtype, gradient_checkpointing=state.gradient_checkpointing is True or state.gradient_checkpointing == 1,
             inference=inference, gpu_memory_utilization=options.get("gpu_memory_utilization") or 0.9,
-            tensor_parallel_size=options.get("tensor_parallel_size"), max_loras=options.get("max_loras") or vllm_max_loras(),
+            tensor_parallel_size=options.get("tensor_parallel_size"), max_loras=self._max_loras(state),
             max_model_len=options.get("max_model_len") or 4096, kv_cache_memory_bytes=options.get("kv_cache_memory_bytes"),
             sleep=options.get("sleep_while_training"),
         )  # fmt: skip
