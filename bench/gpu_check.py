@@ -19,12 +19,19 @@ Per shape it measures
   adapter into the base's shards (seconds, the process's peak RSS before and after).
 * **decode** — ``TransformersServer`` over HTTP at 1, 8 and 32 concurrent chat requests of
   ``--decode-tokens`` tokens each (``ignore_eos``): completion tokens/s across all requests.
+* **agreement** — the whole path at the plan's settings: ``LocalBackend`` (transformers server, bf16
+  on CUDA) registers the model (memory plan, checkpointing as the plan chooses), ``--agreement-groups``
+  groups are sampled through the OpenAI client inside ``tracerl.rollout``, and one GRPO step trains
+  them.  The step's mismatch (KL and largest |Δ logprob| between the trainer's and the server's
+  logprob of every sampled token) is the bf16 train–inference agreement at that size; memory after
+  ``register`` and over the step beside the plan's (on CUDA their ratio).
 
-Each shape runs in its own subprocess (so one shape's memory peak or crash never touches the
-other's numbers) within ``--budget-s`` in all.  ``--tiny`` shrinks both shapes and the work so
+Shapes: Llama-3.1-8B's first, then SmolLM2-135M's and Llama-3.2-1B's.  Each shape runs in its own
+subprocess (so one shape's memory peak or crash never touches the other's numbers) within
+``--budget-s`` (8 min) in all.  ``--tiny`` shrinks both shapes and the work so
 the check runs on a CPU in seconds (the test suite runs ``--device cpu --tiny``).
 
-    python bench/gpu_check.py                       # on a GPU machine: ~2-4 min on one H100/H200
+    python bench/gpu_check.py                       # on a GPU machine (not yet run on one; 8 min at most)
     python bench/gpu_check.py --device cpu --tiny   # the smoke version (seconds)
 
 ``--families all`` measures the six families of :mod:`tracerl.families` instead: each family's
@@ -67,7 +74,13 @@ LLAMA_1B = {  # meta-llama/Llama-3.2-1B's shape (1.24B parameters); context capp
     "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0,
     "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
 }
-SHAPES = {"smollm2-135m-shape": SMOLLM2_135M, "llama-1b-shape": LLAMA_1B}
+LLAMA_8B = {  # meta-llama/Llama-3.1-8B's shape (8.03B parameters); context capped at 8192 here
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+}
+SHAPES = {"llama-8b-shape": LLAMA_8B, "smollm2-135m-shape": SMOLLM2_135M, "llama-1b-shape": LLAMA_1B}
+"""The default run, in this order: the 8B shape first, so it is measured whatever the budget leaves for the others."""
 TINY_SHAPES = {  # the same two families, small enough for seconds on a shared CPU
     "tiny-smollm2-shape": {**SMOLLM2_135M, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
                            "num_attention_heads": 3, "num_key_value_heads": 1, "vocab_size": 2048},
@@ -97,8 +110,13 @@ def write_random_model(shape: dict[str, Any], folder: Path, device: str, seed: i
     config.rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}  # transformers 5.x
     config.rope_theta = rope_theta  # transformers 4.x reads this one
     torch.manual_seed(seed)
-    with torch.device(device):  # initialise where it will run: a 1B model inits in seconds on a GPU
-        model = LlamaForCausalLM(config).to(dtype_for(device))
+    dtype, default = dtype_for(device), torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialised in its dtype: an 8B model in fp32 would hold 32 GB before a cast
+    try:
+        with torch.device(device):  # and where it will run: an 8B model inits in seconds on a GPU
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
     model.save_pretrained(folder)
     parameters = sum(p.numel() for p in model.parameters())
     del model
@@ -123,6 +141,13 @@ def random_words(count: int, vocab: int, seed: int) -> list[int]:
 
 
 # --- measurements --------------------------------------------------------------------
+def _torch_dtype(args: argparse.Namespace) -> Any:
+    """``--dtype`` as torch's (None: bf16 on CUDA, fp32 on CPU, as tracerl chooses)."""
+    import torch
+
+    return None if args.dtype == "auto" else getattr(torch, args.dtype)
+
+
 def _peak_memory_mb(device: str) -> dict[str, float | None]:
     import torch
 
@@ -150,7 +175,7 @@ def measure_train(folder: Path, shape: dict[str, Any], args: argparse.Namespace)
     from tracerl.train.trainer import LoRASettings, LoRATrainer, StepConfig
 
     _reset_peak(args.device)
-    trainer = LoRATrainer(folder, lora=LoRASettings(r=8, alpha=16), device=args.device)
+    trainer = LoRATrainer(folder, lora=LoRASettings(r=8, alpha=16), device=args.device, dtype=_torch_dtype(args))
     P, C = args.prompt_tokens, args.completion_tokens
     sequences = []
     for g in range(args.groups):
@@ -260,7 +285,7 @@ def measure_decode(folder: Path, shape: dict[str, Any], args: argparse.Namespace
     from tracerl.inference.transformers_server import TransformersServer
 
     _reset_peak(args.device)
-    server = TransformersServer(folder, max_batch_rows=max(CONCURRENCY), device=args.device)
+    server = TransformersServer(folder, max_batch_rows=max(CONCURRENCY), device=args.device, dtype=_torch_dtype(args))
 
     async def run() -> dict[str, Any]:
         await server.start()
@@ -275,6 +300,77 @@ def measure_decode(folder: Path, shape: dict[str, Any], args: argparse.Namespace
 
     result = asyncio.run(run())
     del server
+    _reset_peak(args.device)
+    return result
+
+
+def measure_agreement(folder: Path, shape: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """tracerl's whole path at the plan's settings: ``LocalBackend`` with the transformers server (bf16 on a GPU)
+    registers the model (the memory plan, gradient checkpointing as the plan chooses, the trainer, the server),
+    groups are sampled through the OpenAI client inside ``tracerl.rollout``, and one GRPO step trains them.  The
+    step's ``mismatch_*`` metrics compare the trainer's logprob of every sampled token with the server's (the
+    train–inference mismatch); memory is measured after ``register`` and over the step, beside the plan's."""
+    import torch
+
+    import tracerl
+    from tracerl.train.memory_plan import PlanSettings, plan
+
+    cuda = args.device.startswith("cuda")
+    dtype = str(_torch_dtype(args) or (torch.bfloat16 if cuda else torch.float32)).removeprefix("torch.")
+
+    def allocated_mb() -> float:
+        return torch.cuda.memory_allocated() / 2**20 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def peak_mb() -> float:
+        return torch.cuda.max_memory_allocated() / 2**20 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    settings = PlanSettings(device="cuda" if cuda else "cpu", gpu_memory_bytes=1 << 50, lora_rank=8, seq_len=4096,
+                            micro_batch_tokens=args.micro_batch_tokens, dtype=dtype, inference="transformers")  # fmt: skip
+    planned = plan(folder, settings, suggest=False)
+    prompt = " ".join(f"w{t}" for t in random_words(args.decode_prompt_tokens, shape["vocab_size"], seed=11))
+    _reset_peak(args.device)
+
+    async def run(runs: Path) -> dict[str, Any]:
+        backend = tracerl.LocalBackend(runs, inference="transformers", device=args.device, dtype=dtype,
+                                       micro_batch_tokens=args.micro_batch_tokens)  # fmt: skip
+        model = tracerl.TrainableModel("gpu-check", "gpu-check", str(folder), lora_config={"r": 8, "alpha": 16})
+        try:
+            started = time.perf_counter()
+            await model.register(backend)
+            registered = {"s": time.perf_counter() - started, "measured_mb": allocated_mb(),
+                          "plan_mb": (planned.trainer_resident + planned.vllm_awake) / 2**20}  # fmt: skip
+            client = model.openai_client()
+
+            async def sample(index: int) -> tracerl.Trajectory:
+                async with tracerl.rollout(model) as captured:
+                    await client.chat.completions.create(
+                        model=model.get_inference_name(), messages=[{"role": "user", "content": prompt}],
+                        max_tokens=args.agreement_tokens, temperature=1.0, seed=index,
+                    )  # fmt: skip
+                captured.trajectory.reward = float(index % 2)  # a spread of rewards: every advantage is non-zero
+                return captured.trajectory
+
+            started = time.perf_counter()
+            groups = [tracerl.TrajectoryGroup(await asyncio.gather(*(sample(g * args.group_size + i) for i in range(args.group_size))))
+                      for g in range(args.agreement_groups)]  # fmt: skip
+            sampled_s = time.perf_counter() - started
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            started = time.perf_counter()
+            result = await backend.train(model, groups, learning_rate=1e-5)
+            metrics = result.metrics
+            step = {"s": time.perf_counter() - started, "measured_peak_mb": peak_mb(), "plan_mb": planned.peak / 2**20}
+            out = {"dtype": dtype, "registered": registered, "sample_s": sampled_s, "step": step,
+                   **{k: metrics[k] for k in ("mismatch_kl", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_tokens", "trained_tokens")}}  # fmt: skip
+            if cuda:  # allocator bytes against the plan's, as plan-check does on this CPU with the process's peak
+                out["plan_vs_measured"] = {"registered": registered["plan_mb"] / registered["measured_mb"] - 1,
+                                           "step": step["plan_mb"] / step["measured_peak_mb"] - 1}  # fmt: skip
+            return out
+        finally:
+            await backend.close()
+
+    with tempfile.TemporaryDirectory(prefix="tracerl-gpu-check-run-") as runs:
+        result = asyncio.run(run(Path(runs)))
     _reset_peak(args.device)
     return result
 
@@ -322,6 +418,7 @@ def run_shape(name: str, shape: dict[str, Any] | None, args: argparse.Namespace)
                                "build_s": time.perf_counter() - started}
         out["train"] = measure_train(folder, shape, args)
         out["decode"] = measure_decode(folder, shape, args)
+        out["agreement"] = measure_agreement(folder, shape, args)
     return out
 
 
@@ -386,24 +483,28 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"\ndevice {env['device']} ({env['gpu_name'] or platform.processor() or 'cpu'}), torch {env['torch']}, "
           f"transformers {env['transformers']}, peft {env['peft']}; wall {report['wall_s']:.0f} s\n")
     print("| shape | params | dtype | GRPO s/step | computed tok/s | logical tok/s | peak train mem (MB) | plan (MB) | merge s | "
-          + " | ".join(f"decode tok/s @{c}" for c in CONCURRENCY) + " | peak decode mem (MB) |")
-    print("|---|---|---|---|---|---|---|---|---|" + "---|" * len(CONCURRENCY) + "---|")
+          + " | ".join(f"decode tok/s @{c}" for c in CONCURRENCY) + " | peak decode mem (MB) | mismatch KL | max abs Δlogprob | "
+          "LocalBackend step mem (MB) | plan (MB) |")
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * len(CONCURRENCY) + "---|---|---|---|---|")
     for shape in report["shapes"]:
         if "error" in shape:
             print(f"| {shape['shape']} | failed: {shape['error'][:200]} |")
             continue
-        t, d = shape["train"], shape["decode"]
+        t, d, a = shape["train"], shape["decode"], shape["agreement"]
         memory = lambda m: f"{m['peak_gpu_mb']:.0f} GPU" if m["peak_gpu_mb"] is not None else f"{m['peak_rss_mb']:.0f} RSS"
         print(f"| {shape['shape']} | {shape['parameters'] / 1e6:.1f}M | {t['dtype']} | {t['step_s_median']:.3f} | "
               f"{t['computed_tokens_per_s']:.0f} | {t['logical_tokens_per_s']:.0f} | {memory(t)} | "
               f"{t['plan_trainer_peak_mb']:.0f} | {t['merge']['merge_s']:.1f} | "
-              + " | ".join(f"{r['tokens_per_s']:.1f}" for r in d["rounds"]) + f" | {memory(d)} |")
+              + " | ".join(f"{r['tokens_per_s']:.1f}" for r in d["rounds"]) + f" | {memory(d)} | {a['mismatch_kl']:.2g} | "
+              f"{a['mismatch_abs_max']:.2g} | {a['step']['measured_peak_mb']:.0f} | {a['step']['plan_mb']:.0f} |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes and work: the CPU smoke version")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the trainer's and the servers' weights (auto: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--shapes", default=None, help="comma-separated subset of the Llama shape names")
     p.add_argument("--families", default=None,
                    help="'all' or comma-separated families (qwen3, qwen2.5, gemma3, gptoss, llama3, mistral): their real "
@@ -418,15 +519,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--decode-tokens", type=int, default=None)
     p.add_argument("--decode-prompt-tokens", type=int, default=None)
-    p.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget for all shapes")
+    p.add_argument("--agreement-groups", type=int, default=None, help="groups sampled and trained for the mismatch")
+    p.add_argument("--agreement-tokens", type=int, default=None, help="tokens sampled per completion for the mismatch")
+    p.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget for all shapes")
     p.add_argument("--in-process", action="store_true", help="run the shapes in this process (default with --tiny)")
     p.add_argument("--json", default="bench/results/gpu_check.json", help="where the raw results go")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     defaults = dict(groups=2, group_size=4, prompt_tokens=16, completion_tokens=8, steps=2, decode_tokens=4,
-                    decode_prompt_tokens=8) if args.tiny else dict(
+                    decode_prompt_tokens=8, agreement_groups=1, agreement_tokens=8) if args.tiny else dict(
                     groups=4, group_size=8, prompt_tokens=512, completion_tokens=256, steps=3, decode_tokens=64,
-                    decode_prompt_tokens=256)
+                    decode_prompt_tokens=256, agreement_groups=2, agreement_tokens=64)
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)

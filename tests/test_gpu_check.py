@@ -27,14 +27,14 @@ CHECKED = tiny_or_full(["gptoss"], FAMILIES)
 
 
 @pytest.mark.parametrize(
-    "selection, expected",
+    "selection, expected, dtype",
     [
-        (["--shapes", "tiny-llama-shape"], ["tiny-llama-shape"]),
-        (["--families", "all" if CHECKED == FAMILIES else ",".join(CHECKED)], [f"{family}:tiny" for family in CHECKED]),
+        (["--shapes", "tiny-llama-shape", "--dtype", "bfloat16"], ["tiny-llama-shape"], "bfloat16"),  # as a GPU runs it
+        (["--families", "all" if CHECKED == FAMILIES else ",".join(CHECKED)], [f"{family}:tiny" for family in CHECKED], "float32"),
     ],
-    ids=["llama-shape", "families"],
+    ids=["llama-shape-bf16", "families"],
 )
-def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path, selection, expected):
+def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path, selection, expected, dtype):
     if "--families" in selection:
         from tracerl.families.files import is_installed, last_failure
 
@@ -59,9 +59,9 @@ def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path, selection, expected)
     assert report["environment"]["device"] == "cpu"
     assert [s["shape"] for s in report["shapes"]] == expected
     for shape in report["shapes"]:
-        train, decode = shape["train"], shape["decode"]
+        train, decode, agreement = shape["train"], shape["decode"], shape["agreement"]
         assert shape["parameters"] > 0
-        assert train["dtype"] == "float32" and decode["dtype"] == "float32"
+        assert train["dtype"] == decode["dtype"] == agreement["dtype"] == dtype
         assert train["step_s_median"] > 0 and len(train["step_s"]) == report["args"]["steps"]
         # packing runs each group's prompt once: fewer computed than logical tokens
         assert 0 < train["computed_tokens"] < train["logical_tokens"]
@@ -75,3 +75,8 @@ def test_gpu_check_tiny_on_cpu_writes_every_field(tmp_path, selection, expected)
             assert r["completion_tokens"] == r["concurrency"] * report["args"]["decode_tokens"]
             assert r["tokens_per_s"] > 0
         assert decode["max_batch_rows"] > 1  # concurrent requests were decoded together
+        # LocalBackend end to end: every sampled token re-scored by the trainer, within the dtype's agreement
+        assert agreement["mismatch_tokens"] == agreement["trained_tokens"] == report["args"]["group_size"] * report["args"]["agreement_tokens"]
+        assert agreement["mismatch_kl"] < (5e-3 if dtype == "bfloat16" else 1e-6)
+        assert agreement["registered"]["measured_mb"] > 0 and agreement["step"]["measured_peak_mb"] > 0
+        assert agreement["step"]["plan_mb"] > 0 and "plan_vs_measured" not in agreement
