@@ -160,29 +160,38 @@ async def _no_rollout(model, scenario, config):
 
 
 @pytest.mark.real_model
-async def test_a_rank_32_lora_hot_loads_into_vllm(tmp_path, caplog):
-    """vLLM started by ``LocalBackend`` for a rank-32 LoRA takes it: checkpoint 0 hot-loads at register and the
-    adapter answers (started with vLLM's old fixed ``max_lora_rank=16``, vLLM refuses the adapter's load)."""
+async def test_a_rank_32_lora_hot_loads_into_vllm_through_tracerl_serve(tmp_path, caplog):
+    """A client's rank-32 LoRA, registered through ``tracerl serve`` (its app, a real ``LocalBackend``) by a
+    ``RemoteBackend`` whose ``PipelineTrainer`` was created first: the server's vLLM starts with the rank and a slot
+    per policy served at once, checkpoint 0 hot-loads and answers (started with vLLM's old fixed
+    ``max_lora_rank=16``, vLLM refuses the adapter's load).  A staler pipeline after vLLM started is logged."""
     from tracerl.inference.vllm_server import vllm_python
+    from tracerl.net.http_server import BackgroundUvicorn
+    from tracerl.serve.server import create_app
 
     if vllm_python() is None:
         pytest.skip("the vLLM runtime is not installed (make install-vllm)")
-    backend = LocalBackend(tmp_path, inference="vllm", device="cpu", server_options={"kv_cache_memory_bytes": 256 << 20})
+    local = LocalBackend(tmp_path / "serve", inference="vllm", device="cpu", server_options={"kv_cache_memory_bytes": 256 << 20})
+    http = BackgroundUvicorn(create_app(local, token="t0k"), name="tracerl-serve-rank")
+    url = f"http://127.0.0.1:{http.start()}"
+    remote = tracerl.RemoteBackend(url, token="t0k")
     model = tracerl.TrainableModel("wide", "tests", "smollm2-135m", lora_config={"r": 32, "alpha": 64})
-    tracerl.PipelineTrainer(model, backend, _no_rollout, [], max_steps=1, max_staleness=2)  # created before register
+    tracerl.PipelineTrainer(model, remote, _no_rollout, [], max_steps=1, max_staleness=2)  # created before register
     try:
-        await model.register(backend)
-        server = backend._models["wide"].server
+        await model.register(remote)
+        server = local._models["wide"].server
         assert server.max_lora_rank == 32 and server.max_loras == 4  # the newest, the previous, one per step of staleness
-        with caplog.at_level(logging.WARNING, logger="tracerl"):  # a staler pipeline after vLLM started: told how to fit
-            tracerl.PipelineTrainer(model, backend, _no_rollout, [], max_steps=1, max_staleness=3)
-        assert "max_loras=4" in caplog.text and "{'max_loras': 5}" in caplog.text
         reply = await model.openai_client().chat.completions.create(
             model=model.get_inference_name(0), messages=[{"role": "user", "content": "Say hi"}], max_tokens=4, temperature=0
         )
         assert reply.choices[0].message.content is not None
+        with caplog.at_level(logging.WARNING, logger="tracerl"):  # a staler pipeline after vLLM started: told how to fit
+            tracerl.PipelineTrainer(local._models["wide"].model, local, _no_rollout, [], max_steps=1, max_staleness=3)
+        assert "max_loras=4" in caplog.text and "{'max_loras': 5}" in caplog.text
     finally:
-        await backend.close()
+        await remote.close()
+        http.stop()
+        await local.close()
 
 
 async def test_register_turns_on_gradient_checkpointing_when_only_that_fits(tmp_path, monkeypatch):

@@ -113,7 +113,15 @@ async def test_lora_rank_and_model_count_are_bounded(serve_with):
             await tracerl.TrainableModel("three", "p", "smollm2-135m").register(remote)
         assert caught.value.status == 403 and caught.value.error_type == "ForbiddenError"
         await tracerl.TrainableModel("two", "p", "smollm2-135m").register(remote)  # a known name is not one more
+        staler = tracerl.TrainableModel("two", "p", "smollm2-135m")
+        tracerl.PipelineTrainer(staler, remote, _no_rollout, [], max_steps=1, max_staleness=9)  # 9 vLLM slots' worth: refused
+        with pytest.raises(tracerl.ConfigError, match="max_staleness"):  # the server's 400, as the client's ConfigError
+            await staler.register(remote)
     assert [m.name for m in served.registered] == ["one", "two"]
+
+
+async def _no_rollout(model, scenario, config):
+    raise AssertionError("no rollout runs here")
 
 
 def test_policy_arguments_are_checked():

@@ -125,8 +125,15 @@ class RemoteBackend:
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._max_body_bytes: int | None = None  # the server's request size limit, learned at register
+        self._staleness: dict[str, int] = {}  # model name -> the largest max_staleness a PipelineTrainer announced
 
     # -- Backend --------------------------------------------------------------------------------
+    def expect_staleness(self, model: Model, max_staleness: int) -> None:
+        """``LocalBackend.expect_staleness`` on the server: a :class:`~tracerl.PipelineTrainer` created before
+        ``register`` has its staleness sent with the registration, so the server's vLLM starts with a LoRA slot for
+        every policy served at once (the server logs a vLLM started with fewer)."""
+        self._staleness[model.name] = max(max_staleness, self._staleness.get(model.name, 0))
+
     async def register(self, model: Model) -> None:
         if not isinstance(model, TrainableModel):
             return  # a prompted model needs no storage or serving from us
@@ -136,6 +143,7 @@ class RemoteBackend:
             "base_model": model.base_model,
             "lora_config": model.lora_config,
             **model.serving_settings,
+            **({"max_staleness": self._staleness[model.name]} if model.name in self._staleness else {}),
         }
         # the first registration loads the model and starts its inference server: minutes, not seconds
         answer = await self._request("POST", f"{API}/models/register", "register", body, timeout=self.train_timeout)

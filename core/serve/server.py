@@ -60,6 +60,10 @@ class ServeError(Exception):
         self.status, self.type_name, self.message = status, type_name, message
 
 
+MAX_STALENESS = 8
+"""The most staleness a client may announce: each step of it is one more LoRA slot in vLLM's memory."""
+
+
 class RegisterRequest(BaseModel):
     """What is needed to recreate the client's ``TrainableModel`` here."""
 
@@ -70,6 +74,9 @@ class RegisterRequest(BaseModel):
     chat_template: str | None = None
     tool_call_parser: str | None = "auto"
     reasoning_parser: str | None = "auto"
+    max_staleness: int | None = Field(None, ge=0, le=MAX_STALENESS)
+    """A client's ``PipelineTrainer`` staleness (``LocalBackend.expect_staleness``): vLLM's LoRA slots; not part of
+    the model's identity, so a later registration may announce another."""
 
 
 def error_response(error: BaseException) -> JSONResponse:
@@ -256,17 +263,19 @@ def create_app(
                     chat_template=wanted.chat_template, tool_call_parser=wanted.tool_call_parser, reasoning_parser=wanted.reasoning_parser,
                 )  # fmt: skip
                 policy.check_lora(model.lora_config)
+                _expect_staleness(backend, model, wanted.max_staleness)  # before register: vLLM sizes its slots at start-up
                 await backend.register(model)  # a failure releases what it started (LocalBackend.register)
                 state.models[model.name] = model
                 state.requested[model.name] = wanted
                 state.locks[model.name] = asyncio.Lock()
             else:
                 first = state.requested[wanted.name]
-                if first.model_dump(exclude={"name"}) != wanted.model_dump(exclude={"name"}):
+                if first.model_dump(exclude={"name", "max_staleness"}) != wanted.model_dump(exclude={"name", "max_staleness"}):
                     raise ConfigError(
                         f"model {wanted.name!r} is already served here for project {first.project!r}, base_model "
                         f"{first.base_model!r}, lora_config {first.lora_config}: use another name"
                     )
+                _expect_staleness(backend, model, wanted.max_staleness)  # a vLLM already started: logged if too small
         step = await backend.get_step(model)
         return {
             "name": model.name,
@@ -423,6 +432,13 @@ def _answer(body: dict[str, Any]) -> Response:
     """JSON that keeps NaN/inf metrics (Python's json reads them back); Starlette's JSONResponse would
     refuse them and turn a finished training step into an error."""
     return Response(json.dumps(body, default=str), media_type="application/json")
+
+
+def _expect_staleness(backend: Backend, model: TrainableModel, max_staleness: int | None) -> None:
+    """Pass a client pipeline's staleness on to a backend that sizes its serving by it (``LocalBackend``)."""
+    expect = getattr(backend, "expect_staleness", None)
+    if max_staleness is not None and expect is not None:
+        expect(model, max_staleness)
 
 
 async def _json(request: Request) -> dict[str, Any]:
