@@ -2,8 +2,8 @@
 (peft's per-row ``adapter_names``), lets jobs join a running batch, and prefills a job's prompt once
 for all its samples; each row samples exactly what it samples alone.
 
-A tiny random Llama (``conftest.tiny_llama``) with two random LoRA adapters, in fp32 on the CPU:
-seconds, no real model."""
+A tiny random Llama (``conftest.tiny_llama``) with random LoRA adapters, in fp32 on the CPU (the
+stacked deltas against peft's own in bf16 too): seconds, no real model."""
 
 from __future__ import annotations
 
@@ -185,3 +185,32 @@ def test_adapters_of_other_ranks_layers_and_kinds_mixed_in_one_forward(engine, a
         assert engine.stats["max_adapters"] == 3 and engine.stats["batched_lora"] > batched
     else:
         assert engine.stats["max_adapters"] == 2 and engine.stats["batched_lora"] > batched  # a with the base; DoRA alone
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stacked_deltas_equal_pefts_own_per_row_adapters(tiny_llama, adapters, dtype):
+    """One forward of rows of ``a``, ``b``, ``d`` and the base: :class:`BatchedLoRA`'s stacked product gives peft's
+    own per-row ``adapter_names`` logprobs, in bf16 base weights too (peft keeps the LoRA weights in fp32; the
+    stacks, the scaled mask and the products stay in their dtype, so folding the scaling into the mask changes
+    no rounding that matters)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tracerl.inference.multi_lora import BatchedLoRA
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=getattr(torch, dtype)), adapters["a"], adapter_name="a")
+    for name in ("b", "d"):
+        model.load_adapter(adapters[name], adapter_name=name)
+    model.eval()
+    rows = ["a", None, "b", "d", "a"]
+    ids = torch.randint(3, 4096, (len(rows), 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        peft_rows = model(input_ids=ids, adapter_names=[row or "__base__" for row in rows]).logits.float().log_softmax(-1)
+        base = model(input_ids=ids, adapter_names=["__base__"] * len(rows)).logits.float().log_softmax(-1)
+        with BatchedLoRA(model).rows(rows) as stacked_model:
+            stacked = stacked_model(input_ids=ids).logits.float().log_softmax(-1)
+    tolerance = TOLERANCE if dtype == "float32" else 1e-2
+    assert (stacked - peft_rows).abs().max().item() <= tolerance
+    assert (peft_rows - base)[[0, 2, 3, 4]].abs().amax(dim=(1, 2)).min().item() > 50 * tolerance  # every adapter row differs from the base
+    assert (stacked - base)[1].abs().max().item() <= tolerance  # the base row keeps no delta
