@@ -191,6 +191,8 @@ def _groups(vocab: int, seed: int) -> list:
 
 
 async def test_local_backend_keeps_its_ranks_resumes_and_trains_as_one_process(tiny_llama, tmp_path):
+    """Two ranks recomputing their activations (``gradient_checkpointing=True``) train what one process trains
+    without: started once, kept across steps and a resume, no model in the parent."""
     from transformers import PreTrainedModel
 
     vocab, lora = _vocab(tiny_llama), {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
@@ -205,10 +207,11 @@ async def test_local_backend_keeps_its_ranks_resumes_and_trains_as_one_process(t
 
     gc.collect()
     held = models_here()
-    dp = tracerl.LocalBackend(inference=None, train_workers=2, micro_batch_tokens=16)
+    dp = tracerl.LocalBackend(inference=None, train_workers=2, micro_batch_tokens=16, gradient_checkpointing=True)
     dp_model = model(tmp_path / "dp")
     await dp_model.register(dp)  # a new run: the ranks start, rank 0 writes checkpoint 0
     ranks = _children()
+    assert [s["checkpointing"] for s in dp._models["dp"].trainer.rank_stats()] == [True, True]  # recomputed on every rank
     one_root = tmp_path / "one" / "p" / "models" / "dp"
     shutil.copytree(tmp_path / "dp" / "p" / "models" / "dp", one_root, ignore=shutil.ignore_patterns("run.lock"))
     dp_metrics = []

@@ -193,7 +193,8 @@ class PersistentLoRATrainer:
         self._pool.call("save", {"path": str(path), "step": step, "with_optimizer": with_optimizer}, timeout=SAVE_TIMEOUT, ranks=[0])
 
     def rank_stats(self) -> list[dict[str, Any]]:
-        """Each rank's ``pid``, ``model_loads`` and ``steps``, as of its last answer."""
+        """Each rank's ``pid``, ``model_loads``, ``steps`` and whether it recomputes activations (``checkpointing``),
+        as of its last answer."""
         return [dict(stats) for stats in self._pool.stats]
 
     def close(self) -> None:
@@ -288,7 +289,8 @@ class _Rank:
         self.device, self.trainer, self.model_loads, self.steps = device, None, 0, 0
 
     def stats(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "model_loads": self.model_loads, "steps": self.steps}
+        checkpointing = self.trainer is not None and self.trainer.model.get_base_model().is_activation_checkpointing
+        return {"pid": os.getpid(), "model_loads": self.model_loads, "steps": self.steps, "checkpointing": checkpointing}
 
     def handle(self, command: str, payload: dict[str, Any]) -> Any:
         if command == "load":

@@ -109,8 +109,8 @@ class LocalBackend:
 
         ``gradient_checkpointing=True`` recomputes activations in backward: about half the
         trainer's peak memory for up to ~35% more step time; an int ``n`` checkpoints every n-th
-        decoder layer only, in between (:class:`~tracerl.train.trainer.LoRATrainer`; one process only
-        for now).  ``"auto"`` (the default) lets the memory plan choose at ``register``: off when the
+        decoder layer only, in between (:class:`~tracerl.train.trainer.LoRATrainer`; with
+        ``train_workers`` on every rank).  ``"auto"`` (the default) lets the memory plan choose at ``register``: off when the
         step fits without it, on when only checkpointing makes it fit (logged).
 
         ``pause_serving_while_training=False`` lets the server go on generating while a step
@@ -145,8 +145,6 @@ class LocalBackend:
             raise ConfigError(f"train_workers must be >= 1, got {train_workers}")
         if gradient_checkpointing not in ("auto", False, True) and not isinstance(gradient_checkpointing, int):
             raise ConfigError(f"gradient_checkpointing must be True, False, an int or 'auto', got {gradient_checkpointing!r}")
-        if gradient_checkpointing and gradient_checkpointing != "auto" and train_workers > 1:
-            raise ConfigError("gradient_checkpointing=True is not wired into the data-parallel ranks yet: use train_workers=1")
         self.train_workers = train_workers
         self.gradient_checkpointing = gradient_checkpointing
         self._models: dict[str, _Registered] = {}
@@ -327,7 +325,7 @@ class LocalBackend:
             try:
                 result = check_at_register(state.model_path, settings)
             except PlanDoesNotFitError as error:
-                if self.gradient_checkpointing != "auto" or self.train_workers > 1:
+                if self.gradient_checkpointing != "auto":
                     raise
                 result = check_at_register(state.model_path, replace(settings, gradient_checkpointing=True))
                 state.gradient_checkpointing = True
@@ -381,7 +379,8 @@ class LocalBackend:
             if self.train_workers > 1:
                 from ..cluster.data_parallel import PersistentLoRATrainer
 
-                state.trainer = PersistentLoRATrainer(state.model_path, workers=self.train_workers, **options)
+                state.trainer = PersistentLoRATrainer(state.model_path, workers=self.train_workers,
+                                                      gradient_checkpointing=state.gradient_checkpointing, **options)  # fmt: skip
             else:
                 state.trainer = LoRATrainer(state.model_path, gradient_checkpointing=state.gradient_checkpointing, **options)
         return state.trainer
