@@ -214,3 +214,42 @@ def test_stacked_deltas_equal_pefts_own_per_row_adapters(tiny_llama, adapters, d
     assert (stacked - peft_rows).abs().max().item() <= tolerance
     assert (peft_rows - base)[[0, 2, 3, 4]].abs().amax(dim=(1, 2)).min().item() > 50 * tolerance  # every adapter row differs from the base
     assert (stacked - base)[1].abs().max().item() <= tolerance  # the base row keeps no delta
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gptoss"])
+def test_windowed_families_mix_adapters_and_joins_as_each_row_alone(tmp_path, family):
+    """Gemma 3 and gpt-oss keep sliding-window layers (a window of 8 here, so 16 decoded tokens run past it): rows of
+    two adapters and the base, and a second wave submitted while they decode, each sample what they sample alone.
+
+    transformers measures a window in cache slots: a join's slots after the running rows' tokens shortened their
+    window for good (gemma3: logprobs 0.14 apart; gpt-oss: other tokens), so these caches take no joins."""
+    from tracerl.families.files import is_installed
+    from tracerl.families.models import write_random_model
+
+    if not is_installed(family):
+        pytest.skip(f"the {family} tokenizer is not installed (make install-model-files)")
+    folder = write_random_model(family, tmp_path / family, overrides={"sliding_window": 8, "initializer_range": 0.2})
+    attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    adapters = {name: _random_lora(folder, tmp_path / name, seed, target_modules=attention) for seed, name in enumerate("ab", start=1)}
+    engine = GenerationEngine(folder, max_batch_rows=64, device="cpu", dtype="float32")
+    for name, path in adapters.items():
+        engine.load_adapter(name, path)
+    engine.start()
+    try:
+        jobs = [GenerationJob(prompt_ids=[2, 300 + i, 301, 302, 303][: 3 + i % 3], adapter=name, n=2, temperature=1.0, seed=i,
+                              max_tokens=16, ignore_eos=True)
+                for i, name in enumerate(("a", None, "b", "a", "b"))]  # fmt: skip
+        alone = _alone(engine, jobs)
+        engine.pause()
+        futures = [engine.submit(job) for job in jobs[:3]]
+        forwards = engine.stats["forwards"]
+        engine.resume()
+        _wait(lambda: engine.stats["forwards"] >= forwards + 8)  # at the window's edge: the rest arrives
+        engine.pause()
+        futures += [engine.submit(job) for job in jobs[3:]]
+        engine.resume()
+        _assert_same([future.result(60) for future in futures], alone)
+        assert engine.stats["max_adapters"] == 3 and engine.stats["batched_lora"] > 0
+        assert engine.stats["joins"] == 0  # the second wave waited for a batch of its own
+    finally:
+        engine.stop()

@@ -148,8 +148,8 @@ class _Batch:
 
 
 def _has_sliding_layers(cache: Any) -> bool:
-    """Whether any layer of ``cache`` keeps a sliding window (or does not say): its window counts positions,
-    so positions may be neither appended beside others nor dropped."""
+    """Whether any layer of ``cache`` keeps a sliding window (or does not say): its window counts cache slots,
+    so slots may be neither added after a row's tokens (a join) nor dropped."""
     return any(getattr(layer, "is_sliding", True) for layer in cache.layers)
 
 
@@ -468,7 +468,13 @@ class GenerationEngine:
 
     def _fits(self, batch: "_Batch", jobs: list[GenerationJob]) -> bool:
         """Whether ``jobs`` may join the running ``batch``: its cache (padding included) then spans at most
-        twice its longest row's tokens, plus 64 (a batch that takes no more empties and starts afresh)."""
+        twice its longest row's tokens, plus 64 (a batch that takes no more empties and starts afresh).
+
+        Never where the cache has sliding-window layers (Gemma 3, gpt-oss, Mistral): transformers measures a
+        window in cache slots, not positions, and keeps only a window's worth of them, so the slots a join
+        adds after the running rows' tokens would push their oldest keys out of the window for good."""
+        if batch.cache is not None and _has_sliding_layers(batch.cache):
+            return False
         width = batch.width + max(len(job.prompt_ids) for job in jobs)
         longest = max([len(row.job.prompt_ids) + len(row.ids) for row in batch.rows] + [len(job.prompt_ids) for job in jobs])
         return width <= 2 * longest + 64
@@ -527,8 +533,7 @@ class GenerationEngine:
 
         Joining prompts are prefilled in a forward of their own and their cache rows appended beside the
         running rows' (:func:`_append_rows`), so the running rows compute one position, not the prompts'
-        width of padding; where the cache has sliding-window layers, one forward takes both (the running
-        rows' slot of it masked padding before their one real token)."""
+        width of padding (a cache with sliding-window layers takes no joins: :meth:`_fits`)."""
         import torch
 
         device = self.device
@@ -537,7 +542,7 @@ class GenerationEngine:
         names = [row.internal for row in batch.rows] + [rows[0].internal for _, rows in joining]
         self.stats["prompt_tokens"] += sum(len(prompt) for prompt in prompts)
         self.stats["max_adapters"] = max(self.stats["max_adapters"], len(set(names)))
-        if running and prompts and not _has_sliding_layers(batch.cache):
+        if running and prompts:
             decoded, cache, mask, positions = self._forward(batch.next_ids, [], batch, names[:running])
             prefilled, fresh, new_mask, new_positions = self._forward([], prompts, _Batch(), names[running:])
             mask = _append_rows(cache, mask, fresh, new_mask)
