@@ -96,3 +96,29 @@ def tiny_llama(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-llama")
     gpu_check.write_random_model(gpu_check.TINY_SHAPES["tiny-llama-shape"], folder, "cpu")
     return folder
+
+
+SHARP_WINDOW = 8
+"""The window the windowed families' random models get: conversations of a few dozen tokens run past it."""
+
+
+@pytest.fixture(scope="session")
+def sharp_family_model(tmp_path_factory):
+    """``get(family)``: the family's random model (``tracerl.families.models``), its logits sharp
+    (``initializer_range`` 0.2) and, for Gemma 3 and gpt-oss, its sliding window shrunk to
+    :data:`SHARP_WINDOW`; written once a session (Gemma 3's takes seconds) and only ever read.
+    Skips the test when the family's files are not installed."""
+    from tracerl.families.files import is_installed, last_failure
+    from tracerl.families.models import write_random_model
+
+    folders: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in folders:
+            if not is_installed(family):
+                pytest.skip(f"the {family} tokenizer is not installed ({last_failure(family)}); run make install-model-files")
+            overrides = {"initializer_range": 0.2, **({"sliding_window": SHARP_WINDOW} if family in ("gemma3", "gptoss") else {})}
+            folders[family] = write_random_model(family, tmp_path_factory.mktemp(family.replace(".", "")), overrides=overrides)
+        return folders[family]
+
+    return get

@@ -217,18 +217,13 @@ def test_stacked_deltas_equal_pefts_own_per_row_adapters(tiny_llama, adapters, d
 
 
 @pytest.mark.parametrize("family", ["gemma3", "gptoss"])
-def test_windowed_families_mix_adapters_and_joins_as_each_row_alone(tmp_path, family):
+def test_windowed_families_mix_adapters_and_joins_as_each_row_alone(tmp_path, family, sharp_family_model):
     """Gemma 3 and gpt-oss keep sliding-window layers (a window of 8 here, so 16 decoded tokens run past it): rows of
     two adapters and the base, and a second wave submitted while they decode, each sample what they sample alone.
 
     transformers measures a window in cache slots: a join's slots after the running rows' tokens shortened their
     window for good (gemma3: logprobs 0.14 apart; gpt-oss: other tokens), so these caches take no joins."""
-    from tracerl.families.files import is_installed
-    from tracerl.families.models import write_random_model
-
-    if not is_installed(family):
-        pytest.skip(f"the {family} tokenizer is not installed (make install-model-files)")
-    folder = write_random_model(family, tmp_path / family, overrides={"sliding_window": 8, "initializer_range": 0.2})
+    folder = sharp_family_model(family)  # a window of 8
     attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
     adapters = {name: _random_lora(folder, tmp_path / name, seed, target_modules=attention) for seed, name in enumerate("ab", start=1)}
     engine = GenerationEngine(folder, max_batch_rows=64, device="cpu", dtype="float32")

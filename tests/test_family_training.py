@@ -45,28 +45,16 @@ def qwen3_folder(tmp_path_factory):
 
 FAMILIES = ["qwen3", "qwen2.5", "gemma3", "gptoss", "llama3", "mistral"]
 WINDOWED = {"gemma3", "gptoss"}
-SHARP = {"initializer_range": 0.2}
-"""Random weights sharp enough that attention matters (``test_windowed_attention.py``: a dropped
-window moves logprobs by more than 0.05 with these settings)."""
 AGREEMENT = {"float32": ("mismatch_abs_max", 1e-3), "bfloat16": ("mismatch_kl", 5e-3)}
 """What each dtype allows between sampler and trainer: fp32 every token to 1e-3; bf16 the KL limit
 set on SmolLM2's real weights (``test_bf16.py``)."""
 
 
 @pytest.fixture(scope="module")
-def random_model(tmp_path_factory):
-    """Each family's sharp random model, written once for both dtypes' cells."""
-    from tracerl.families.models import write_random_model
-
-    folders = {}
-
-    def get(family: str):
-        if family not in folders:
-            overrides = {**SHARP, **({"sliding_window": 8} if family in WINDOWED else {})}
-            folders[family] = write_random_model(family, tmp_path_factory.mktemp(family.replace(".", "")), overrides=overrides)
-        return folders[family]
-
-    return get
+def random_model(sharp_family_model):
+    """Each family's sharp random model (``conftest.sharp_family_model``: the windowed ones with an 8-token window),
+    written once a session for both dtypes' cells and the other tests that use it."""
+    return sharp_family_model
 
 
 CELLS = [(family, dtype) for family in FAMILIES for dtype in ("float32", "bfloat16") if FULL or dtype == "float32" or family in WINDOWED]

@@ -23,7 +23,7 @@ from tracerl.train.packing import pack_sequences
 from tracerl.train.tokenization import TrainingSequence
 
 WINDOW = 8
-SHARP = {"sliding_window": WINDOW, "initializer_range": 0.2}
+"""The windowed families' shrunk window (``conftest.sharp_family_model``, ``SHARP_WINDOW``)."""
 
 
 def _sequences() -> list[TrainingSequence]:
@@ -48,13 +48,11 @@ def _own_forward(folder, sequences: list[TrainingSequence]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module", params=["gemma3", "gptoss"])
-def windowed(request, tmp_path_factory):
+def windowed(request, sharp_family_model):
     family = request.param
-    if not is_installed(family):
-        pytest.skip(f"the {family} tokenizer is not installed (make install-model-files)")
     from tracerl.train.trainer import LoRATrainer
 
-    folder = write_random_model(family, tmp_path_factory.mktemp(family), overrides=SHARP)
+    folder = sharp_family_model(family)  # sharp logits, a window of WINDOW
     return family, folder, LoRATrainer(folder, device="cpu")
 
 
