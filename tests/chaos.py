@@ -201,6 +201,7 @@ def load_checkpoints(root: Path, steps: list[int], base_model: str = "smollm2-13
 
     base = AutoModelForCausalLM.from_pretrained(resolve_base_model(base_model), dtype=torch.float32)
     model = None
+    source = None  # the step whose training the previous checkpoint holds
     for step in steps:
         path = root / "checkpoints" / f"{step:04d}"
         if model is None:
@@ -210,8 +211,11 @@ def load_checkpoints(root: Path, steps: list[int], base_model: str = "smollm2-13
         if (path / "optimizer.pt").exists():
             torch.load(path / "optimizer.pt", weights_only=True)
         state = json.loads((path / "trainer_state.json").read_text())
-        if state["step"] not in (step, step - 1):  # a copied-forward step keeps its source's state file
+        # a step with nothing to train copies the previous checkpoint forward, state file included (several in a row:
+        # the tiny random model's groups often have no reward spread): it holds the same training as that one
+        if state["step"] != step and (state["step"] != source or step - 1 not in steps):
             return False
+        source = state["step"]
     lora = [p for name, p in model.named_parameters() if "lora_" in name] if model is not None else []
     return bool(lora) and all(bool(torch.isfinite(p).all()) for p in lora)
 
