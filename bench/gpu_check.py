@@ -418,7 +418,7 @@ def run_shape(name: str, shape: dict[str, Any] | None, args: argparse.Namespace)
                                "build_s": time.perf_counter() - started}
         out["train"] = measure_train(folder, shape, args)
         out["decode"] = measure_decode(folder, shape, args)
-        out["agreement"] = measure_agreement(folder, shape, args)
+        out["agreement"] = measure_agreement(folder, shape, args) if args.agreement_groups else None
     return out
 
 
@@ -495,8 +495,9 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"| {shape['shape']} | {shape['parameters'] / 1e6:.1f}M | {t['dtype']} | {t['step_s_median']:.3f} | "
               f"{t['computed_tokens_per_s']:.0f} | {t['logical_tokens_per_s']:.0f} | {memory(t)} | "
               f"{t['plan_trainer_peak_mb']:.0f} | {t['merge']['merge_s']:.1f} | "
-              + " | ".join(f"{r['tokens_per_s']:.1f}" for r in d["rounds"]) + f" | {memory(d)} | {a['mismatch_kl']:.2g} | "
-              f"{a['mismatch_abs_max']:.2g} | {a['step']['measured_peak_mb']:.0f} | {a['step']['plan_mb']:.0f} |")
+              + " | ".join(f"{r['tokens_per_s']:.1f}" for r in d["rounds"]) + f" | {memory(d)} | "
+              + (f"{a['mismatch_kl']:.2g} | {a['mismatch_abs_max']:.2g} | {a['step']['measured_peak_mb']:.0f} | {a['step']['plan_mb']:.0f} |"
+                 if a is not None else "– | – | – | – |"))
 
 
 def main() -> None:
@@ -519,7 +520,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--decode-tokens", type=int, default=None)
     p.add_argument("--decode-prompt-tokens", type=int, default=None)
-    p.add_argument("--agreement-groups", type=int, default=None, help="groups sampled and trained for the mismatch")
+    p.add_argument("--agreement-groups", type=int, default=None, help="groups sampled and trained for the mismatch (0: no agreement stage)")
     p.add_argument("--agreement-tokens", type=int, default=None, help="tokens sampled per completion for the mismatch")
     p.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget for all shapes")
     p.add_argument("--in-process", action="store_true", help="run the shapes in this process (default with --tiny)")
