@@ -289,7 +289,10 @@ class _Rank:
         self.device, self.trainer, self.model_loads, self.steps = device, None, 0, 0
 
     def stats(self) -> dict[str, Any]:
-        checkpointing = self.trainer is not None and self.trainer.model.get_base_model().is_activation_checkpointing
+        checkpointing = False
+        if self.trainer is not None:  # transformers 5 names it is_activation_checkpointing; 4.x, is_gradient_checkpointing
+            base = self.trainer.model.get_base_model()
+            checkpointing = base.is_activation_checkpointing if hasattr(type(base), "is_activation_checkpointing") else base.is_gradient_checkpointing
         return {"pid": os.getpid(), "model_loads": self.model_loads, "steps": self.steps, "checkpointing": checkpointing}
 
     def handle(self, command: str, payload: dict[str, Any]) -> Any:
