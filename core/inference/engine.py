@@ -470,7 +470,7 @@ class GenerationEngine:
         """Whether ``jobs`` may join the running ``batch``: its cache (padding included) then spans at most
         twice its longest row's tokens, plus 64 (a batch that takes no more empties and starts afresh).
 
-        Never where the cache has sliding-window layers (Gemma 3, gpt-oss, Mistral): transformers measures a
+        Never where the cache has sliding-window layers (Gemma 3, gpt-oss): transformers measures a
         window in cache slots, not positions, and keeps only a window's worth of them, so the slots a join
         adds after the running rows' tokens would push their oldest keys out of the window for good."""
         if batch.cache is not None and _has_sliding_layers(batch.cache):
